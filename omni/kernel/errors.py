@@ -1,0 +1,78 @@
+"""Typed errors a client of the kernel can catch; `kind` travels in RequestError messages."""
+
+from __future__ import annotations
+
+
+class OmniError(Exception):
+    """Base of every error omni raises on purpose."""
+
+    kind = "internal"
+
+
+class GraphError(OmniError, ValueError):
+    """The graph spec or an override is invalid (names the stage or field)."""
+
+    kind = "graph"
+
+
+class StageStartError(OmniError):
+    """A stage did not become ready; the message names it and says why."""
+
+    kind = "stage_start"
+
+
+class Overloaded(OmniError):
+    """Admission is full: the caller should retry later (HTTP 429)."""
+
+    kind = "overloaded"
+
+
+class InvalidRequest(OmniError, ValueError):
+    """The request's parameters or inputs are invalid (HTTP 400)."""
+
+    kind = "invalid_request"
+
+
+class RequestCancelled(OmniError):
+    kind = "cancelled"
+
+
+class DeadlineExceeded(OmniError):
+    kind = "deadline"
+
+
+class StageFailed(OmniError):
+    """A stage raised while serving the request, or its process died (HTTP 503 / 500)."""
+
+    kind = "stage_failed"
+
+
+class StageDown(OmniError):
+    """A stage needed by the request is down past its restart budget (HTTP 503)."""
+
+    kind = "stage_down"
+
+
+class KernelClosed(OmniError):
+    kind = "closed"
+
+
+_BY_KIND = {
+    cls.kind: cls
+    for cls in (
+        OmniError,
+        GraphError,
+        Overloaded,
+        InvalidRequest,
+        RequestCancelled,
+        DeadlineExceeded,
+        StageFailed,
+        StageDown,
+        KernelClosed,
+    )
+}
+
+
+def error_from_kind(kind: str, message: str) -> OmniError:
+    """Rebuild the typed error a stage reported by kind."""
+    return _BY_KIND.get(kind, StageFailed)(message)

@@ -1,0 +1,156 @@
+"""Every message of the control bus, as one msgspec tagged union.
+
+Bulk data never rides inside a message: a `Chunk` carries `PayloadDesc` handles and the
+bytes travel as extra zmq frames (inline) or stay in a shared arena (shm, cuda_ipc).
+New fields are appended with defaults so old peers still decode.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+
+class PayloadDesc(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Where one array of a chunk lives. Channels fill the fields they need."""
+
+    name: str
+    channel: str
+    dtype: str
+    shape: list[int]
+    frame: int = -1  # inline: index of the extra zmq frame
+    segment: str = ""  # shm / cuda_ipc: arena name
+    offset: int = 0
+    nbytes: int = 0
+    extra: bytes = b""  # channel specific (e.g. a CUDA IPC event handle)
+
+
+class Msg(msgspec.Struct, tag_field="op", tag=str.lower, omit_defaults=True):
+    """Base of the tagged union; the tag is the lower-cased class name."""
+
+
+class RequestOpen(Msg, gc=False):
+    """A request starts on an edge; `params` are the request's parameters, whole."""
+
+    rid: str
+    params: dict[str, Any] = {}
+    deadline: float = 0.0  # unix time; 0 = none
+    edge: str = ""
+
+
+class RequestChunk(Msg, gc=False):
+    """One item of a request's stream on an edge: small values in `meta`, arrays by handle."""
+
+    rid: str
+    edge: str
+    meta: dict[str, Any] = {}
+    payloads: list[PayloadDesc] = []
+    seq: int = 0
+
+
+class RequestEnd(Msg, gc=False):
+    """The request's stream on `edge` is complete."""
+
+    rid: str
+    edge: str
+    meta: dict[str, Any] = {}
+
+
+class RequestError(Msg, gc=False):
+    """A stage failed the request; the kernel ends it for the client and cancels it elsewhere."""
+
+    rid: str
+    stage: str
+    kind: str
+    message: str
+
+
+class RequestCancel(Msg, gc=False):
+    """Free every piece of state held for `rid`."""
+
+    rid: str
+    reason: str = "cancelled"
+
+
+class EdgeCredit(Msg, gc=False):
+    """The consumer of `edge` took `n` chunks; `tokens` name the payload slots it frees."""
+
+    edge: str
+    n: int = 1
+    tokens: list[int] = []
+
+
+class ActorReady(Msg):
+    stage: str
+    replica: int
+    pid: int
+    endpoint: str
+    info: dict[str, Any] = {}
+
+
+class ActorFailed(Msg):
+    """Sent instead of ActorReady when set-up raised."""
+
+    stage: str
+    replica: int
+    pid: int
+    error: str
+
+
+class ActorHeartbeat(Msg, gc=False):
+    stage: str
+    replica: int
+    stats: dict[str, Any] = {}
+
+
+class StatsQuery(Msg):
+    token: int
+
+
+class StatsReply(Msg):
+    token: int
+    stage: str
+    replica: int
+    stats: dict[str, Any] = {}
+
+
+class PeerUpdate(Msg):
+    """The kernel tells an actor where a (re)started downstream replica listens."""
+
+    stage: str
+    replica: int
+    endpoint: str
+
+
+class ActorShutdown(Msg):
+    reason: str = ""
+
+
+AnyMsg = Union[
+    RequestOpen,
+    RequestChunk,
+    RequestEnd,
+    RequestError,
+    RequestCancel,
+    EdgeCredit,
+    ActorReady,
+    ActorFailed,
+    ActorHeartbeat,
+    StatsQuery,
+    StatsReply,
+    PeerUpdate,
+    ActorShutdown,
+]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(AnyMsg)
+
+
+def encode(msg: Msg) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes | memoryview) -> AnyMsg:
+    """Decode one message; raises msgspec.DecodeError / ValidationError on garbage."""
+    return _decoder.decode(data)

@@ -1,0 +1,1 @@
+"""Payload channels: how arrays move between stage actors (inline frames, shm arena, CUDA IPC)."""

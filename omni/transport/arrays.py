@@ -1,0 +1,41 @@
+"""Array <-> bytes views shared by the CPU channels; torch is imported only if a tensor shows up."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+_TORCH_ONLY = {"bfloat16"}
+
+
+def as_numpy(array: Any) -> tuple[np.ndarray, str]:
+    """A C-contiguous numpy view of `array` (copying only if it is not contiguous) and its dtype name."""
+    if type(array).__module__.startswith("torch"):
+        tensor = array.detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        tensor = tensor.contiguous()
+        name = str(tensor.dtype).removeprefix("torch.")
+        if name in _TORCH_ONLY:
+            import torch
+
+            return tensor.view(torch.int16).numpy(), name
+        return tensor.numpy(), name
+    arr = np.ascontiguousarray(array)
+    return arr, arr.dtype.name
+
+
+def from_buffer(buffer: Any, dtype: str, shape: list[int]) -> Any:
+    """View `buffer` as an array of `dtype` and `shape`; torch-only dtypes come back as tensors."""
+    if dtype in _TORCH_ONLY:
+        import torch
+
+        raw = np.frombuffer(buffer, dtype=np.int16).reshape(shape)
+        return torch.from_numpy(raw).view(getattr(torch, dtype))
+    return np.frombuffer(buffer, dtype=np.dtype(dtype)).reshape(shape)
+
+
+def torch_loaded() -> bool:
+    return "torch" in sys.modules
