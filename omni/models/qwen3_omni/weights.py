@@ -1,0 +1,165 @@
+"""Loading weights from a Hugging Face checkpoint directory (safetensors, memory-mapped).
+
+A checkpoint is either one `model.safetensors` or shards named by `model.safetensors.index.json`.
+Each part of a model loads only its own prefix (e.g. `code2wav.`), so a stage never reads
+the tensors of another stage; safetensors maps the files, so untouched shards cost nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from omni.kernel.errors import OmniError
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+PROGRESS_MIN_BYTES = 256 << 20  # show a progress bar for loads above this size
+
+
+class CheckpointError(OmniError):
+    """The checkpoint directory is missing files or tensors, or a tensor has the wrong shape."""
+
+    kind = "checkpoint"
+
+
+def checkpoint_files(ckpt_dir: str | Path) -> dict[str, Path]:
+    """Map every tensor name in the checkpoint to the safetensors file that holds it."""
+    root = Path(ckpt_dir)
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint directory {root} does not exist")
+    index = root / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError) as exc:
+            raise CheckpointError(f"{index} is not a valid safetensors index: {exc}") from exc
+        files = {name: root / shard for name, shard in weight_map.items()}
+        for shard in sorted(set(files.values())):
+            if not shard.is_file():
+                raise CheckpointError(f"shard {shard.name} named by {index} is missing")
+        return files
+    single = root / SINGLE_FILE
+    if single.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(single), framework="pt") as f:
+            return {name: single for name in f.keys()}
+    raise CheckpointError(f"{root} has neither {SINGLE_FILE} nor {INDEX_FILE}")
+
+
+def tensor_names(ckpt_dir: str | Path, prefix: str = "") -> list[str]:
+    """Names under `prefix` (prefix stripped), sorted."""
+    dotted = _dotted(prefix)
+    return sorted(n[len(dotted):] for n in checkpoint_files(ckpt_dir) if n.startswith(dotted))
+
+
+def load_state_dict(
+    ckpt_dir: str | Path,
+    prefix: str = "",
+    device: str = "cpu",
+    dtype=None,
+    expect: Iterable[str] | None = None,
+    progress: bool | None = None,
+) -> dict:
+    """Every tensor whose name starts with `prefix.`, keyed by the rest of its name.
+
+    `dtype` casts floating tensors only; `expect` names keys (prefix stripped) that must be
+    present. Raises CheckpointError when the prefix matches nothing or keys are missing.
+    """
+    from safetensors import safe_open
+
+    files = checkpoint_files(ckpt_dir)
+    dotted = _dotted(prefix)
+    wanted = {n: f for n, f in files.items() if n.startswith(dotted)}
+    if not wanted:
+        raise CheckpointError(f"no tensor in {ckpt_dir} starts with {dotted!r}")
+    if expect is not None:
+        missing = sorted(set(expect) - {n[len(dotted):] for n in wanted})
+        if missing:
+            raise CheckpointError(f"{ckpt_dir}: missing tensors under {dotted!r}: {_few(missing)}")
+    by_file: dict[Path, list[str]] = {}
+    for name, path in wanted.items():
+        by_file.setdefault(path, []).append(name)
+    bar = _progress_bar(by_file, wanted, progress)
+    out = {}
+    try:
+        for path, names in sorted(by_file.items()):
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in sorted(names):
+                    tensor = f.get_tensor(name)
+                    if dtype is not None and tensor.is_floating_point():
+                        tensor = tensor.to(dtype)
+                    out[name[len(dotted):]] = tensor.to(device) if device != "cpu" else tensor
+                    if bar is not None:
+                        bar.update(tensor.numel() * tensor.element_size())
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
+
+
+def load_into(
+    module, ckpt_dir: str | Path, prefix: str, dtype=None, device: str = "cpu", allow_unused: bool = False
+) -> None:
+    """Fill `module`'s parameters and persistent buffers from `prefix`; every one must be present
+    with its exact shape, and (unless `allow_unused`) no tensor under the prefix may be left over."""
+    want = module.state_dict()
+    state = load_state_dict(ckpt_dir, prefix, device=device, dtype=dtype, expect=want.keys())
+    unused = sorted(set(state) - set(want))
+    state = {k: v for k, v in state.items() if k in want}
+    if unused and not allow_unused:
+        raise CheckpointError(f"{ckpt_dir}: tensors under {prefix!r} that the module lacks: {_few(unused)}")
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(want[name].shape):
+            raise CheckpointError(
+                f"{prefix}.{name}: checkpoint shape {tuple(tensor.shape)} != module {tuple(want[name].shape)}"
+            )
+    module.load_state_dict(state, strict=True, assign=True)
+
+
+def _dotted(prefix: str) -> str:
+    return prefix.rstrip(".") + "." if prefix else ""
+
+
+def _few(names: list[str], limit: int = 8) -> str:
+    more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _progress_bar(by_file, wanted, progress: bool | None):
+    """A tqdm bar on stderr, by bytes, for large loads (or when asked)."""
+    if progress is False:
+        return None
+    from safetensors import safe_open
+
+    total = 0
+    for path, names in by_file.items():
+        with safe_open(str(path), framework="pt") as f:
+            for name in names:
+                sl = f.get_slice(name)
+                total += _numel(sl.get_shape()) * _dtype_size(sl.get_dtype())
+    if progress is None and total < PROGRESS_MIN_BYTES:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, desc="loading weights", file=sys.stderr)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+_DTYPE_SIZES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+                "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def _dtype_size(name: str) -> int:
+    return _DTYPE_SIZES.get(name, 4)
