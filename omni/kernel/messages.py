@@ -79,6 +79,7 @@ class EdgeCredit(Msg, gc=False):
     edge: str
     n: int = 1
     tokens: list[int] = []
+    consumer: str = ""  # actor name of the consumer replica that returns the credit
 
 
 class ActorReady(Msg):

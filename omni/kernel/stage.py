@@ -22,6 +22,7 @@ class Emit:
     finish: bool = False  # the request is complete at this stage: end every outgoing edge
     error: str | None = None  # fail the request with this message
     error_kind: str = "stage_failed"
+    end_meta: dict[str, Any] | None = None  # with finish: rides on every End (e.g. usage, finish_reason)
 
 
 @dataclass

@@ -1,0 +1,195 @@
+"""The graph spec: which stages run, how many replicas, and which output port feeds which stage.
+
+A graph is built in Python by a model family; any stage field can then be overridden from a
+TOML / YAML file (`[stages.<name>] field = value`) or from `--set stage.field=value` flags,
+with typed values (numbers stay numbers) and a clear error naming an unknown stage or field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omni.kernel.errors import GraphError
+
+OUT = "$out"  # the pseudo stage that stands for the client: edges into it are the request's outputs
+
+
+@dataclass
+class StageSpec:
+    """One stage: its kind (registered name or `module:factory`), arguments and limits."""
+
+    name: str
+    kind: str
+    args: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+    replicas: int = 1
+    max_batch: int = 32  # the stage's own batching bound, passed in its context args
+    max_queue: int = 256  # inputs the actor hands the stage before it stops feeding it
+    credits: int = 64  # chunks in flight on each inbound edge
+    arena_bytes: int = 64 << 20  # shm arena for this stage's outgoing payloads
+    start_timeout_s: float = 120.0
+    max_restarts: int = 3
+
+
+@dataclass
+class EdgeSpec:
+    """`src.port` feeds `dst.dst_port`. `final` edges carry only what exists when src finishes."""
+
+    src: str
+    port: str
+    dst: str
+    dst_port: str = ""
+    mode: str = "stream"  # "stream" | "final"
+    channel: str = "auto"  # "auto" | "inline" | "shm" | "cuda_ipc"
+
+    @property
+    def id(self) -> str:
+        return f"{self.src}.{self.port}->{self.dst}.{self.dst_port or self.port}"
+
+
+@dataclass
+class Graph:
+    name: str
+    stages: list[StageSpec]
+    edges: list[EdgeSpec]
+    entry: str = ""  # the stage that receives new requests; default: the first stage
+
+    def __post_init__(self) -> None:
+        if not self.entry and self.stages:
+            self.entry = self.stages[0].name
+        for edge in self.edges:
+            if not edge.dst_port:
+                edge.dst_port = edge.port
+
+    def stage(self, name: str) -> StageSpec:
+        for spec in self.stages:
+            if spec.name == name:
+                return spec
+        raise GraphError(f"unknown stage {name!r}; stages: {[s.name for s in self.stages]}")
+
+    def outgoing(self, name: str) -> list[EdgeSpec]:
+        return [e for e in self.edges if e.src == name]
+
+    def incoming(self, name: str) -> list[EdgeSpec]:
+        return [e for e in self.edges if e.dst == name]
+
+    def exits(self) -> list[EdgeSpec]:
+        return [e for e in self.edges if e.dst == OUT]
+
+    def validate(self) -> None:
+        names = [s.name for s in self.stages]
+        if len(set(names)) != len(names):
+            raise GraphError(f"duplicate stage names in graph {self.name!r}: {names}")
+        if self.entry not in names:
+            raise GraphError(f"entry stage {self.entry!r} is not a stage of graph {self.name!r}")
+        for edge in self.edges:
+            for end in (edge.src, edge.dst):
+                if end != OUT and end not in names:
+                    raise GraphError(f"edge {edge.id} names unknown stage {end!r}")
+            if edge.mode not in ("stream", "final"):
+                raise GraphError(f"edge {edge.id}: mode must be 'stream' or 'final', not {edge.mode!r}")
+        if not self.exits():
+            raise GraphError(f"graph {self.name!r} has no edge into {OUT!r}: requests could never end")
+        for spec in self.stages:
+            if spec.replicas < 1:
+                raise GraphError(f"stage {spec.name!r}: replicas must be >= 1")
+            if spec.name != self.entry and not self.incoming(spec.name):
+                raise GraphError(f"stage {spec.name!r} has no inbound edge and is not the entry")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Graph:
+        return cls(
+            name=data["name"],
+            stages=[StageSpec(**s) for s in data["stages"]],
+            edges=[EdgeSpec(**e) for e in data["edges"]],
+            entry=data.get("entry", ""),
+        )
+
+
+# ---- overrides -------------------------------------------------------------------------
+
+_STAGE_FIELDS = {f.name: f for f in dataclasses.fields(StageSpec)}
+
+
+def parse_value(text: str) -> Any:
+    """`--set` values are typed: JSON literals (numbers, true/false, lists, objects) or plain strings."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        lowered = text.lower()
+        if lowered in ("true", "false"):
+            return lowered == "true"
+        return text
+
+
+def _set_field(graph: Graph, stage_name: str, path: list[str], value: Any) -> None:
+    spec = graph.stage(stage_name)
+    head = path[0]
+    if head == "args":
+        if len(path) == 1:
+            if not isinstance(value, dict):
+                raise GraphError(f"{stage_name}.args must be a table/object")
+            spec.args.update(value)
+            return
+        target = spec.args
+        for key in path[1:-1]:
+            target = target.setdefault(key, {})
+        target[path[-1]] = value
+        return
+    if head not in _STAGE_FIELDS or head == "name" or len(path) != 1:
+        known = sorted(set(_STAGE_FIELDS) - {"name"})
+        raise GraphError(f"unknown field {'.'.join(path)!r} of stage {stage_name!r}; fields: {known} or args.<key>")
+    expected = type(getattr(spec, head))
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise GraphError(f"{stage_name}.{head} must be {expected.__name__}, got {value!r}")
+    setattr(spec, head, value)
+
+
+def apply_overrides(graph: Graph, overrides: dict[str, dict[str, Any]]) -> Graph:
+    """Apply `{stage: {field: value}}`; `args` values merge into the stage's args."""
+    for stage_name, fields in overrides.items():
+        if not isinstance(fields, dict):
+            raise GraphError(f"override for stage {stage_name!r} must be a table of fields")
+        for key, value in fields.items():
+            _set_field(graph, stage_name, key.split("."), value)
+    graph.validate()
+    return graph
+
+
+def parse_set_flags(flags: list[str]) -> dict[str, dict[str, Any]]:
+    """Turn `["thinker.replicas=2", "talker.args.block_size=32"]` into an overrides table."""
+    table: dict[str, dict[str, Any]] = {}
+    for flag in flags:
+        key, sep, raw = flag.partition("=")
+        stage_name, dot, field_path = key.strip().partition(".")
+        if not sep or not dot or not field_path:
+            raise GraphError(f"--set expects stage.field=value, got {flag!r}")
+        table.setdefault(stage_name, {})[field_path] = parse_value(raw.strip())
+    return table
+
+
+def load_override_file(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read `[stages.<name>]` tables from a TOML or YAML file."""
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    else:
+        import tomllib
+
+        data = tomllib.loads(text)
+    stages = data.get("stages", {})
+    if not isinstance(stages, dict):
+        raise GraphError(f"{path}: 'stages' must be a table of stage tables")
+    return stages

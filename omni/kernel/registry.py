@@ -1,0 +1,121 @@
+"""The registry of stage kinds and model families, filled by omni itself and by plugins.
+
+Entries are `module:attr` strings, resolved only when used, so the kernel stays free of torch
+and a stage process imports only what it runs. Plugins expose an `omni.plugins` entry point:
+a callable that receives this module's `Registry` and registers what it provides.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+log = logging.getLogger("omni.registry")
+
+
+@dataclass
+class ModelInfo:
+    """What the API needs to know of a served model."""
+
+    id: str
+    family: str
+    speaks: bool = False
+    transcribes: bool = False
+    voices: list[str] = field(default_factory=list)
+    sample_rate: int = 24000
+    random_weights: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FamilyEntry:
+    name: str
+    target: str  # "module:function" -> function(model_dir, variant, **options) -> (Graph, ModelInfo)
+    architectures: list[str] = field(default_factory=list)
+    provider: str = "omni"
+
+
+@dataclass
+class PluginReport:
+    name: str
+    ok: bool
+    provides: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+def resolve(target: str) -> Any:
+    """Import `module:attr` (attr may be dotted)."""
+    module_name, _, attr = target.partition(":")
+    if not attr:
+        raise ValueError(f"expected 'module:attr', got {target!r}")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.stage_kinds: dict[str, str] = {}
+        self.families: dict[str, FamilyEntry] = {}
+        self.plugins: list[PluginReport] = []
+        self._current_provider = "omni"
+
+    def register_stage(self, kind: str, target: str) -> None:
+        self.stage_kinds[kind] = target
+
+    def register_family(self, name: str, target: str, architectures: list[str] | tuple[str, ...] = ()) -> None:
+        self.families[name] = FamilyEntry(name, target, list(architectures), self._current_provider)
+
+    def stage_class(self, kind: str) -> Any:
+        """A stage kind is a registered name or a `module:factory` string."""
+        target = self.stage_kinds.get(kind, kind)
+        if ":" not in target:
+            raise ValueError(f"unknown stage kind {kind!r}; registered: {sorted(self.stage_kinds)}")
+        return resolve(target)
+
+    def family_for(self, architectures: list[str] | None = None, name: str | None = None) -> FamilyEntry:
+        if name:
+            if name in self.families:
+                return self.families[name]
+            raise ValueError(f"unknown model family {name!r}; known: {sorted(self.families)}")
+        for entry in self.families.values():
+            if set(entry.architectures) & set(architectures or ()):
+                return entry
+        raise ValueError(f"no model family serves architectures {architectures}; known: "
+                         f"{ {n: e.architectures for n, e in self.families.items()} }")
+
+    def load_plugins(self, group: str = "omni.plugins") -> list[PluginReport]:
+        """Run every installed plugin's entry point; a broken one is reported, never fatal."""
+        self.plugins = []
+        for ep in metadata.entry_points(group=group):
+            before_stages, before_families = set(self.stage_kinds), set(self.families)
+            self._current_provider = ep.name
+            try:
+                ep.load()(self)
+            except Exception as exc:  # a plugin's bug must not stop the others
+                log.warning("plugin %s failed to load: %s: %s", ep.name, type(exc).__name__, exc)
+                self.plugins.append(PluginReport(ep.name, False, error=f"{type(exc).__name__}: {exc}"))
+                continue
+            finally:
+                self._current_provider = "omni"
+            provides = [f"stage:{k}" for k in sorted(set(self.stage_kinds) - before_stages)]
+            provides += [f"family:{f}" for f in sorted(set(self.families) - before_families)]
+            self.plugins.append(PluginReport(ep.name, True, provides))
+        return self.plugins
+
+
+REGISTRY = Registry()
+
+# omni's own stage kinds and families
+for _kind, _target in {
+    "demo.encoder": "omni.stages.demo:ToyEncoder",
+    "demo.generator": "omni.stages.demo:ToyGenerator",
+    "demo.vocoder": "omni.stages.demo:ToyVocoder",
+}.items():
+    REGISTRY.register_stage(_kind, _target)
+REGISTRY.register_family("demo", "omni.stages.demo:build_demo", ["OmniDemo"])
+REGISTRY.register_family("qwen3-omni", "omni.models.qwen3_omni.graph:build", ["Qwen3OmniMoeForConditionalGeneration"])

@@ -1,0 +1,88 @@
+"""The client side of a request: output events and the async iterator `Kernel.submit` returns."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from omni.kernel.errors import OmniError
+
+if TYPE_CHECKING:
+    from omni.kernel.kernel import Kernel
+
+
+@dataclass
+class OutputEvent:
+    """One output of a request: a chunk from an exit port, or the final event."""
+
+    rid: str
+    stage: str
+    port: str
+    data: dict[str, Any]
+    final: bool = False
+
+
+class RequestState(Enum):
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+@dataclass
+class InflightRequest:
+    """What the kernel tracks for one admitted request until its final event or error."""
+
+    rid: str
+    pending_exits: set[str]
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    final_meta: dict[str, Any] = field(default_factory=dict)
+    created: float = field(default_factory=time.monotonic)
+    deadline_handle: asyncio.TimerHandle | None = None
+    state: RequestState = RequestState.RUNNING
+
+
+_END = object()
+
+
+class RequestStream:
+    """Async iterator of a request's `OutputEvent`s; raises the typed error that ended it."""
+
+    def __init__(self, kernel: Kernel, request: InflightRequest) -> None:
+        self._kernel = kernel
+        self._request = request
+        self._done = False
+
+    @property
+    def rid(self) -> str:
+        return self._request.rid
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> OutputEvent:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._request.queue.get()
+        if item is _END:
+            self._done = True
+            raise StopAsyncIteration
+        if isinstance(item, OmniError):
+            self._done = True
+            raise item
+        if item.final:
+            self._done = True
+        return item
+
+    async def cancel(self) -> None:
+        await self._kernel.cancel(self.rid)
+
+    async def collect(self) -> list[OutputEvent]:
+        """Every event of the request (for tests and simple callers)."""
+        return [event async for event in self]
+
+
+def end_marker() -> object:
+    return _END
