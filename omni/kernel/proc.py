@@ -54,6 +54,12 @@ async def _serve(config: dict[str, Any]) -> None:
         watcher.cancel()
         unlink_shm_prefix(shm_owner(config["instance"], config["stage"], config["replica"]))
         remove_socket(config["run_dir"], actor_name(config["stage"], config["replica"]))
+        if os.getppid() != config["parent_pid"]:  # the kernel crashed: tidy what it left
+            remove_socket(config["run_dir"], "kernel")
+            try:
+                os.rmdir(config["run_dir"])  # the last actor out removes the directory
+            except OSError:
+                pass
 
 
 def actor_main(config: dict[str, Any]) -> None:

@@ -169,6 +169,7 @@ class ToyVocoder(Stage):
         self.buffers: dict[str, list[np.ndarray]] = {}
         self.emitted: dict[str, int] = {}
         self.closed: set[str] = set()
+        self.decoded_frames = 0
 
     def open(self, rid: str, params: dict[str, Any]) -> None:
         self.buffers[rid] = []
@@ -207,13 +208,14 @@ class ToyVocoder(Stage):
                 del self.buffers[rid][:n]
                 emits.append(Emit(rid, "audio", {"pcm": synthesize(frames, self.emitted[rid]), "sample_rate": SAMPLE_RATE}))
                 self.emitted[rid] += n
+                self.decoded_frames += n
             if rid in self.closed and not self.buffers[rid]:
                 emits.append(Emit(rid, finish=True))
                 self.abort(rid)
         return emits
 
     def stats(self) -> dict[str, Any]:
-        return {"running": len(self.buffers), "buffered_frames": self.backlog()}
+        return {"running": len(self.buffers), "buffered_frames": self.backlog(), "decoded_frames": self.decoded_frames}
 
 
 def synthesize(frames: np.ndarray, first_index: int) -> np.ndarray:

@@ -1,0 +1,1 @@
+"""Reusable stage kinds: the AR engine (`omni.stages.ar`), encoder batcher, vocoder, preprocess, sink."""
