@@ -1,0 +1,56 @@
+"""The engine's one validated config object, built at the entry and passed whole."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from omni.kernel.errors import InvalidRequest
+
+
+class EngineConfigError(InvalidRequest):
+    """An engine setting is invalid (names the field)."""
+
+
+@dataclass
+class EngineConfig:
+    """Sizes and limits of one AR engine.
+
+    `num_blocks` x `block_size` token slots make the KV cache; it must hold at least one
+    sequence of `max_model_len` tokens so that the oldest sequence can always make progress
+    (preemption frees every other sequence's blocks if needed).
+    """
+
+    block_size: int = 16
+    num_blocks: int = 256
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    enable_chunked_prefill: bool = True
+    device: str = "cpu"
+    dtype: str = ""  # KV cache dtype; "" = the model's dtype
+    tap_layers: tuple[int, ...] = ()  # hidden-state taps: 0 = embeddings, i = output of layer i
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.tap_layers = tuple(int(x) for x in self.tap_layers)
+        self.eos_token_ids = tuple(int(x) for x in self.eos_token_ids)
+        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if int(getattr(self, name)) < 1:
+                raise EngineConfigError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_blocks * self.block_size < self.max_model_len:
+            raise EngineConfigError(
+                f"KV cache of {self.num_blocks} blocks x {self.block_size} tokens cannot hold one "
+                f"sequence of max_model_len={self.max_model_len}"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise EngineConfigError(
+                "without chunked prefill max_num_batched_tokens must be >= max_model_len "
+                f"({self.max_num_batched_tokens} < {self.max_model_len})"
+            )
+
+    @classmethod
+    def from_dict(cls, args: dict[str, Any]) -> "EngineConfig":
+        """Build from a stage's args, ignoring keys that are not engine settings."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in args.items() if k in names})

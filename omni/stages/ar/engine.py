@@ -1,0 +1,178 @@
+"""The AR engine: one `step()` = schedule -> run the model -> sample -> postprocess.
+
+Pure and in-process (no threads, no sockets): `ARStage` drives it from the actor's compute
+thread. `step` returns what happened; it never sends anything.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from omni.kernel.errors import InvalidRequest
+from omni.stages.ar.attention import allocate_kv_cache
+from omni.stages.ar.config import EngineConfig
+from omni.stages.ar.model_api import ARModel
+from omni.stages.ar.runner import ModelRunner
+from omni.stages.ar.sampler import Sampler
+from omni.stages.ar.scheduler import Scheduler
+from omni.stages.ar.sequence import FinishReason, SamplingParams, Sequence
+
+
+_gen_ids = itertools.count()
+
+
+@dataclass
+class StepOutput:
+    """What one step did for one request."""
+
+    rid: str
+    new_token_ids: list[int] = field(default_factory=list)
+    taps: dict[int, torch.Tensor] = field(default_factory=dict)  # tap -> [n, H], positions tap_start...
+    tap_start: int = 0  # position of the first row of `taps`
+    finished: bool = False
+    finish_reason: str | None = None
+    extra: dict[str, Any] | None = None  # from ARModel.after_sample
+
+
+class AREngine:
+    def __init__(self, model: ARModel, config: EngineConfig) -> None:
+        self.model = model
+        self.config = config
+        spec = model.kv_cache_spec()
+        dtype = getattr(torch, config.dtype) if config.dtype else spec.dtype
+        for tap in config.tap_layers:
+            if not 0 <= tap <= spec.num_layers:
+                raise InvalidRequest(f"tap layer {tap} outside [0, {spec.num_layers}]")
+        self.kv_cache = allocate_kv_cache(
+            spec.num_layers, config.num_blocks, config.block_size, spec.num_kv_heads, spec.head_dim, dtype, config.device
+        )
+        self.scheduler = Scheduler(config, ready=model.input_ready)
+        self.runner = ModelRunner(model, self.kv_cache, config.block_size, config.device)
+        self.sampler = Sampler()
+        self.seqs: dict[str, Sequence] = {}
+        self.eos = frozenset(config.eos_token_ids)
+        self.num_steps = 0
+        self.num_generated = 0
+
+    # ---- requests -----------------------------------------------------------------
+    def add_request(
+        self,
+        rid: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        inputs: dict[str, Any] | None = None,
+        return_hidden: bool = False,
+    ) -> Sequence:
+        """Queue a request; `inputs` go to `ARModel.prepare` (e.g. multimodal embeddings)."""
+        if rid in self.seqs:
+            raise InvalidRequest(f"request {rid!r} is already in the engine")
+        prompt = [int(t) for t in prompt_token_ids]
+        if not prompt:
+            raise InvalidRequest("empty prompt")
+        if len(prompt) > self.config.max_model_len:
+            raise InvalidRequest(f"prompt of {len(prompt)} tokens exceeds max_model_len {self.config.max_model_len}")
+        seq = Sequence(rid, prompt, params or SamplingParams(), return_hidden=return_hidden)
+        self.model.prepare(seq, inputs or {})
+        self.seqs[rid] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, rid: str) -> bool:
+        """Drop a request now; its KV blocks are free when this returns."""
+        seq = self.seqs.pop(rid, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, FinishReason.ABORT)
+        self.model.release(seq)
+        return True
+
+    # ---- stepping -----------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        taps = self.config.tap_layers if any(s.seq.return_hidden for s in sched.scheduled) else ()
+        batch = self.runner.prepare(sched.scheduled, taps)
+        out = self.runner.run(batch)
+        self.num_steps += 1
+
+        sampling = [span for span in batch.spans if span.end == span.seq.num_tokens]
+        token_ids: list[int] = []
+        extras: list[dict] | None = None
+        if sampling:
+            rows = torch.tensor([s.row + s.num_tokens - 1 for s in sampling], device=out.hidden.device)
+            hidden = out.hidden[rows]
+            logits = self.runner.logits(hidden)
+            seqs = [s.seq for s in sampling]
+            token_ids = self.sampler(logits, seqs)
+            extras = self.model.after_sample(seqs, token_ids, hidden)
+
+        results: dict[str, StepOutput] = {}
+        for span in batch.spans:
+            seq = span.seq
+            seq.num_computed_tokens = span.end
+            res = results[seq.rid] = StepOutput(seq.rid)
+            if seq.return_hidden and taps and span.end > seq.num_tapped_tokens:
+                first = max(span.start, seq.num_tapped_tokens)
+                lo, hi = span.row + first - span.start, span.row + span.num_tokens
+                res.taps = {t: out.taps[t][lo:hi].clone() for t in taps}
+                res.tap_start = first
+                seq.num_tapped_tokens = span.end
+        for i, span in enumerate(sampling):
+            res = results[span.seq.rid]
+            res.new_token_ids = [token_ids[i]]
+            if extras is not None:
+                res.extra = extras[i]
+            self._append_token(span.seq, token_ids[i], res)
+        return list(results.values())
+
+    def _append_token(self, seq: Sequence, token: int, res: StepOutput) -> None:
+        seq.output_token_ids.append(token)
+        self.num_generated += 1
+        p = seq.params
+        reason = None
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos):
+            reason = FinishReason.STOP
+        elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens > self.config.max_model_len:
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self.model.release(seq)
+            self.seqs.pop(seq.rid, None)
+            res.finished, res.finish_reason = True, reason.value
+
+    # ---- state --------------------------------------------------------------------
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def has_work(self) -> bool:
+        """True when `step` would compute something now (parked sequences do not count)."""
+        return self.scheduler.has_ready()
+
+    def stats(self) -> dict[str, Any]:
+        blocks = self.scheduler.blocks
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "free_blocks": blocks.num_free_blocks,
+            "total_blocks": blocks.num_blocks,
+            "block_size": blocks.block_size,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_steps": self.num_steps,
+            "num_generated_tokens": self.num_generated,
+        }
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+        """Offline helper: run `prompts` together to completion; output token ids per prompt."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        rids = [f"gen-{next(_gen_ids)}" for _ in prompts]
+        seqs = [self.add_request(r, p, sp) for r, p, sp in zip(rids, prompts, plist)]
+        while any(not s.is_finished for s in seqs):
+            if not self.step() and not self.has_work():
+                raise RuntimeError("engine stalled: sequences are parked waiting for input")
+        return [list(s.output_token_ids) for s in seqs]

@@ -1,0 +1,149 @@
+"""The contract between the AR engine and a model adapter (thinker, talker, any LLM).
+
+The engine owns scheduling, the paged KV cache and sampling; the model owns its weights
+and everything model-specific. Per step the engine calls, in order:
+
+1. `input_embeds(seq, start, end)` and `positions(seq, start, end)` for every scheduled
+   span of every sequence (a prefill chunk, or one decode token), to build a flat batch;
+2. `forward(batch) -> ForwardOutput`, once, over the flat batch of T tokens;
+3. `compute_logits(hidden)` on the last row of each sequence that reached its end;
+4. the sampler, then `after_sample(seqs, token_ids, hidden)` for those sequences.
+
+`prepare(seq, inputs)` runs once in `add_request` and `release(seq)` when the sequence
+finishes or is aborted. `input_ready(seq)` is polled by the scheduler: returning False
+parks the sequence (it keeps its blocks) until the adapter has what its next step needs,
+e.g. the talker waiting for the thinker's next hidden state.
+
+Rules an adapter must keep:
+- Inputs are a pure function of (sequence state, position): the engine may preempt a
+  sequence and recompute any span from position 0, and chunked prefill splits spans
+  anywhere. Keep whatever `input_embeds` needs in `seq.model_state` until `release`.
+- Attention goes through `batch.attend(layer, q, k, v)`; it stores k/v in the paged cache.
+- Hidden-state taps follow transformers' `output_hidden_states` indexing: tap 0 is the
+  input embeddings (after any multimodal merge), tap i (1 <= i < num_layers) the output of
+  decoder layer i-1, tap num_layers the final normed hidden. Return every tap in
+  `batch.tap_layers` for every token of the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from omni.kernel.errors import InvalidRequest
+from omni.stages.ar.attention import AttentionMetadata, paged_attention
+
+if TYPE_CHECKING:
+    from omni.stages.ar.sequence import Sequence
+
+
+@dataclass
+class KVCacheSpec:
+    """What the engine needs to allocate the paged KV cache for a model."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype = torch.float32
+
+
+@dataclass
+class SeqSpan:
+    """One sequence's slice of the flat batch: positions [start, end) at rows [row, row + end - start)."""
+
+    seq: "Sequence"
+    start: int
+    end: int
+    row: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class ForwardBatch:
+    """One step's flat batch of T tokens from B sequences (prefill chunks and decodes mixed)."""
+
+    input_ids: torch.Tensor  # [T] long
+    positions: torch.Tensor  # [T] or [P, T] (e.g. M-RoPE [3, T]) long, from `ARModel.positions`
+    inputs_embeds: torch.Tensor | None  # [T, H] when any sequence supplied embeddings, else None
+    spans: list[SeqSpan]
+    attn: AttentionMetadata
+    kv_cache: torch.Tensor  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+    tap_layers: tuple[int, ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def is_decode(self) -> bool:
+        return self.attn.is_decode
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None):
+        """Causal attention of this step's q ([T, Hq, D]) over each sequence's cached context.
+
+        Writes k, v ([T, Hkv, D], after RoPE) into the cache first; returns [T, Hq, D].
+        `scale` defaults to 1/sqrt(D).
+        """
+        return paged_attention(self.kv_cache, layer, self.attn, q, k, v, scale)
+
+
+@dataclass
+class ForwardOutput:
+    hidden: torch.Tensor  # [T, H] final hidden (what `compute_logits` takes)
+    taps: dict[int, torch.Tensor] = field(default_factory=dict)  # tap index -> [T, H]
+
+
+class ARModel:
+    """Base class of model adapters; override the required methods and any hooks.
+
+    Required: `kv_cache_spec`, `embed_tokens`, `forward`, `compute_logits`.
+    A subclass may also be an `nn.Module` (list `nn.Module` first in the bases).
+    """
+
+    def kv_cache_spec(self) -> KVCacheSpec:
+        raise NotImplementedError
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] token ids -> [T, H] embeddings (used to fill rows of sequences without embeds)."""
+        raise NotImplementedError
+
+    def forward(self, batch: ForwardBatch) -> ForwardOutput:
+        raise NotImplementedError
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, H] -> [N, vocab] logits (any float dtype; the sampler works in float32)."""
+        raise NotImplementedError
+
+    # ---- optional hooks -------------------------------------------------------------
+    def prepare(self, seq: "Sequence", inputs: dict[str, Any]) -> None:
+        """Validate a new request's extra inputs and keep what later steps need in
+        `seq.model_state`. Raise `omni.kernel.errors.InvalidRequest` for bad input."""
+        if inputs:
+            raise InvalidRequest(f"{type(self).__name__} takes no extra inputs, got {sorted(inputs)}")
+
+    def input_embeds(self, seq: "Sequence", start: int, end: int) -> torch.Tensor | None:
+        """[end - start, H] input embeddings for those positions, or None to embed the token ids."""
+        return None
+
+    def positions(self, seq: "Sequence", start: int, end: int) -> torch.Tensor:
+        """Rope positions of [start, end): [n] by default, [P, n] for multi-axis rope."""
+        return torch.arange(start, end, dtype=torch.long)
+
+    def input_ready(self, seq: "Sequence") -> bool:
+        """False parks `seq` until the adapter has the input its next step needs."""
+        return True
+
+    def after_sample(self, seqs: list["Sequence"], token_ids: list[int], hidden: torch.Tensor) -> list[dict] | None:
+        """Runs after sampling, before stop checks. `hidden` [N, H] are the rows that made
+        the logits. May return one dict per sequence; the engine passes it on as
+        `StepOutput.extra` (e.g. the talker's other codebook codes)."""
+        return None
+
+    def release(self, seq: "Sequence") -> None:
+        """The sequence finished or was aborted: drop its per-sequence state."""
+        seq.model_state.clear()

@@ -1,0 +1,149 @@
+"""Continuous batching with chunked prefill under a token budget; preemption by recompute.
+
+Each step spends at most `max_num_batched_tokens` tokens:
+1. running sequences first, in admission order (decodes take 1 token, unfinished prefills a
+   chunk). A sequence whose input is not ready (`ready(seq)` false: e.g. a talker waiting
+   for the thinker's next hidden state) is skipped and keeps its blocks. When blocks run
+   out, the newest running sequence is preempted: its blocks return and it goes back to
+   the head of the waiting queue to be recomputed later.
+2. then waiting sequences, first come first served, while `max_num_seqs` and blocks allow.
+
+Why no deadlock: the config guarantees one `max_model_len` sequence fits the cache, and
+the oldest running sequence may preempt every newer one, so it always progresses.
+No torch here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from omni.stages.ar.block_manager import BlockManager
+from omni.stages.ar.config import EngineConfig
+from omni.stages.ar.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_tokens: int  # tokens computed this step, from seq.num_computed_tokens on
+
+    @property
+    def start(self) -> int:
+        return self.seq.num_computed_tokens
+
+    @property
+    def end(self) -> int:
+        return self.seq.num_computed_tokens + self.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the sequence's last token, so a new one is sampled."""
+        return self.end == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+
+def _always_ready(seq: Sequence) -> bool:
+    return True
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, ready: Callable[[Sequence], bool] | None = None) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.chunked_prefill = config.enable_chunked_prefill
+        self.blocks = BlockManager(config.num_blocks, config.block_size)
+        self.ready = ready or _always_ready
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def has_ready(self) -> bool:
+        """True when `schedule` would schedule something (cheap, no side effects)."""
+        return any(self.ready(s) for s in self.running) or (
+            len(self.running) < self.max_num_seqs and any(self.ready(s) for s in self.waiting)
+        )
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            if not self.ready(seq) or seq.num_uncomputed_tokens == 0:
+                i += 1
+                continue
+            n = min(seq.num_uncomputed_tokens, budget)
+            if not self._make_room(seq, seq.num_computed_tokens + n, out):
+                break  # `seq` itself was preempted; everything after it already was
+            out.scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+            i += 1
+        if out.preempted:
+            return out  # memory is tight: admit nobody new this step
+        for seq in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
+            if not self.ready(seq):
+                continue
+            n = seq.num_uncomputed_tokens
+            if n > budget:
+                if not self.chunked_prefill:
+                    break
+                n = budget
+            if not self.blocks.can_allocate(seq, n):
+                break
+            self.blocks.allocate(seq, n)
+            self.waiting.remove(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+        return out
+
+    def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Allocate blocks for `seq`, preempting the newest running sequences if needed."""
+        while not self.blocks.can_allocate(seq, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        self.blocks.allocate(seq, num_tokens)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Take `seq` out (running or waiting) and return its blocks at once."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.blocks.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

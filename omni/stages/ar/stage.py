@@ -1,0 +1,164 @@
+"""`ARStage`: the AR engine behind the pure `Stage` interface.
+
+Request flow: `open` keeps the request's params; `feed` collects its prompt (`token_ids`
+chunks extend it, any other key is kept as an extra model input); `close_input` submits
+it to the engine (a request whose params already hold `prompt_token_ids` and that has
+no inbound edge is submitted at `open`). Each `step` emits, per request:
+
+- port `hidden` (when tapping): {"tap_start": first position, "layer_<i>": [n, H] tensor...}
+- port `text`: {"token_ids": [new ids], "finish_reason"?: "stop" | "length", **extra}
+- then `Emit(rid, finish=True)` when the request is done.
+
+Model families subclass it and override `build_model` (and, if they need to, `submit`).
+Engine settings come from `ctx.args` (see `EngineConfig`); sampling from the request's
+params, at top level or, with `param_prefix` (e.g. "talker_"), from prefixed keys.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni.kernel.errors import InvalidRequest
+from omni.kernel.stage import Emit, Stage, StageContext
+from omni.stages.ar.config import EngineConfig
+from omni.stages.ar.engine import AREngine, StepOutput
+from omni.stages.ar.model_api import ARModel
+from omni.stages.ar.sequence import SamplingParams
+
+
+@dataclass
+class _Pending:
+    params: dict[str, Any]
+    token_ids: list[int] = field(default_factory=list)
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+
+def _copy(value: Any) -> Any:
+    """Arrays handed to `feed` are only valid during the call."""
+    if hasattr(value, "clone"):
+        return value.clone()
+    if hasattr(value, "copy"):
+        return value.copy()
+    return value
+
+
+class ARStage(Stage):
+    text_port = "text"
+    hidden_port = "hidden"
+    param_prefix = ""
+
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        self.engine: AREngine | None = None
+        self._pending: dict[str, _Pending] = {}
+        self._errors: list[Emit] = []
+
+    # ---- set-up ---------------------------------------------------------------------
+    def build_model(self) -> ARModel:
+        """The model adapter. Default: `ctx.args["model_factory"]`, a callable or "module:attr"
+        called with the stage context."""
+        factory = self.ctx.args.get("model_factory")
+        if factory is None:
+            raise NotImplementedError(f"{type(self).__name__} needs build_model() or args['model_factory']")
+        if isinstance(factory, str):
+            module, _, attr = factory.partition(":")
+            factory = getattr(importlib.import_module(module), attr)
+        return factory(self.ctx)
+
+    def engine_config(self) -> EngineConfig:
+        args = dict(self.ctx.args)
+        args.setdefault("device", self.ctx.device)
+        return EngineConfig.from_dict(args)
+
+    def setup(self) -> None:
+        self.engine = AREngine(self.build_model(), self.engine_config())
+
+    # ---- requests -------------------------------------------------------------------
+    def open(self, rid: str, params: dict[str, Any]) -> None:
+        self._pending[rid] = _Pending(dict(params))
+        if "prompt_token_ids" in params and not self.ctx.in_ports:
+            self._submit(rid)
+
+    def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
+        pending = self._pending.get(rid)
+        if pending is None:
+            return  # aborted, or already submitted: a subclass handles streaming input
+        for key, value in data.items():
+            if key == "token_ids":
+                pending.token_ids.extend(int(t) for t in value)
+            else:
+                pending.inputs[key] = _copy(value)
+
+    def close_input(self, rid: str) -> None:
+        if rid in self._pending:
+            self._submit(rid)
+
+    def abort(self, rid: str) -> None:
+        self._pending.pop(rid, None)
+        if self.engine is not None:
+            self.engine.abort(rid)
+
+    def _submit(self, rid: str) -> None:
+        pending = self._pending.pop(rid)
+        try:
+            self.submit(rid, pending.params, pending.token_ids, pending.inputs)
+        except InvalidRequest as exc:
+            self._errors.append(Emit(rid, error=str(exc), error_kind=exc.kind))
+
+    def submit(self, rid: str, params: dict[str, Any], token_ids: list[int], inputs: dict[str, Any]) -> None:
+        """Hand a complete request to the engine; raise InvalidRequest to fail it."""
+        prompt = list(params.get("prompt_token_ids") or []) + token_ids
+        self.engine.add_request(
+            rid,
+            prompt,
+            self.sampling_params(params),
+            inputs=inputs,
+            return_hidden=self.wants_hidden(params),
+        )
+
+    def sampling_params(self, params: dict[str, Any]) -> SamplingParams:
+        merged = dict(self.ctx.args.get("default_sampling", {}))
+        n = len(self.param_prefix)
+        merged.update({k[n:]: v for k, v in params.items() if k.startswith(self.param_prefix)})
+        return SamplingParams.from_dict(merged)
+
+    def wants_hidden(self, params: dict[str, Any]) -> bool:
+        return bool(params.get("return_hidden")) or self.hidden_port in self.ctx.out_ports
+
+    # ---- stepping -------------------------------------------------------------------
+    def step(self) -> list[Emit]:
+        emits, self._errors = self._errors, []
+        for out in self.engine.step():
+            emits.extend(self.emits_for(out))
+        return emits
+
+    def emits_for(self, out: StepOutput) -> list[Emit]:
+        emits = []
+        if out.taps and self._port_on(self.hidden_port):
+            data: dict[str, Any] = {"tap_start": out.tap_start}
+            data.update({f"layer_{t}": h.detach().cpu() for t, h in out.taps.items()})
+            emits.append(Emit(out.rid, self.hidden_port, data))
+        if out.new_token_ids or out.finished:
+            data = {"token_ids": list(out.new_token_ids)}
+            if out.finish_reason:
+                data["finish_reason"] = out.finish_reason
+            if out.extra:
+                data.update(out.extra)
+            emits.append(Emit(out.rid, self.text_port, data))
+        if out.finished:
+            emits.append(Emit(out.rid, finish=True))
+        return emits
+
+    def _port_on(self, port: str) -> bool:
+        return not self.ctx.out_ports or port in self.ctx.out_ports
+
+    def has_work(self) -> bool:
+        return bool(self._errors) or (self.engine is not None and self.engine.has_work())
+
+    def backlog(self) -> int:
+        return len(self._pending) + (len(self.engine.scheduler.waiting) if self.engine else 0)
+
+    def stats(self) -> dict[str, Any]:
+        return self.engine.stats() if self.engine else {}
