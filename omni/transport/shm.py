@@ -103,7 +103,7 @@ def unlink_prefix(prefix: str) -> list[str]:
     return removed
 
 
-def _unlink_if_creator(path: str, creator_pid: int) -> None:
+def unlink_if_creator(path: str, creator_pid: int) -> None:
     """Finalizer: only the creating process unlinks (a forked child must not)."""
     if os.getpid() == creator_pid:
         try:
@@ -148,7 +148,7 @@ class ShmWriter:
         self.capacity = -(-capacity_bytes // page) * page
         self.segment = unique_segment_name(owner, "shm")
         self._mm: mmap.mmap | None = create_segment(self.segment, self.capacity)
-        self._finalizer = weakref.finalize(self, _unlink_if_creator, segment_path(self.segment), os.getpid())
+        self._finalizer = weakref.finalize(self, unlink_if_creator, segment_path(self.segment), os.getpid())
         self._bytes = np.frombuffer(self._mm, dtype=np.uint8)
         self._slots = SlotAllocator(self.capacity)
 

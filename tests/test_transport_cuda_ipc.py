@@ -1,0 +1,240 @@
+"""The cuda_ipc channel. On CPU: the module imports without torch and fails clearly without a GPU.
+On a GPU (`-m gpu`): zero-copy round trips into a spawned process, event ordering, back pressure,
+and no sidecar left in /dev/shm."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+from omni.kernel.channels import ChannelFull, load_channel
+from omni.kernel.messages import RequestChunk, encode
+from omni.transport.cuda_ipc import CudaIpcChannel
+from omni.transport.shm import SHM_DIR, unlink_prefix
+
+gpu = pytest.mark.gpu
+
+
+def _leftovers(prefix: str) -> list[str]:
+    return [e for e in os.listdir(SHM_DIR) if e.startswith(prefix)]
+
+
+@pytest.fixture
+def owner():
+    prefix = f"omni-test-{uuid.uuid4().hex[:10]}"
+    yield prefix
+    unlink_prefix(prefix)
+
+
+def _digest(t: torch.Tensor) -> str:
+    raw = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+    return hashlib.sha256(raw.tobytes()).hexdigest()
+
+
+def test_channel_is_registered_and_importable_without_torch():
+    assert load_channel("cuda_ipc") is CudaIpcChannel
+    code = "import sys, omni.transport.cuda_ipc; assert 'torch' not in sys.modules, 'torch imported eagerly'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_write_without_a_gpu_fails_clearly(owner):
+    writer = CudaIpcChannel.writer(owner, 1 << 16)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        writer.write("x", torch.zeros(4))
+    writer.close()
+    assert _leftovers(owner) == []
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError):
+        CudaIpcChannel.writer("bad/owner", 1 << 16)
+    with pytest.raises(ValueError):
+        CudaIpcChannel.writer("omni-test-x", -5)
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+
+
+def _child(conn) -> None:
+    """Reads descriptors from a pipe and answers what it saw; runs in a spawned process."""
+    import torch
+
+    from omni.kernel.messages import decode
+    from omni.transport.cuda_ipc import CudaIpcChannel
+
+    reader = CudaIpcChannel.reader()
+    while True:
+        op, *args = conn.recv()
+        if op == "done":
+            conn.send(reader.segments)
+            reader.close()
+            return
+        payloads = decode(args[0]).payloads
+        if op == "read":
+            answer = []
+            for d in payloads:
+                t = reader.read(d, [])
+                base, size = reader.pool_range(d.segment)
+                inside = d.nbytes == 0 or base <= t.data_ptr() and t.data_ptr() + d.nbytes <= base + size
+                answer.append((d.name, _digest(t), tuple(t.shape), str(t.dtype), t.is_cuda, inside))
+            conn.send((answer, [reader.token(d) for d in payloads]))
+        elif op == "fill":  # write through the views: the producer must see it in its own pool
+            for d in payloads:
+                reader.read(d, []).view(torch.uint8).fill_(args[1]) if d.nbytes else None
+            torch.cuda.synchronize()
+            conn.send("filled")
+        elif op == "race":  # peek without waiting (stale while the producer sleeps), then read properly
+            d = payloads[0]
+            base_tensor = reader._pools[d.segment].tensor if d.segment in reader._pools else None
+            if base_tensor is None:
+                reader.read(d, [])  # opens the pool (and waits: only the first call)
+                base_tensor = reader._pools[d.segment].tensor
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                peek = base_tensor[d.offset : d.offset + d.nbytes].view(torch.float32).sum()
+            side.synchronize()
+            waited = reader.read(d, []).sum().item()
+            conn.send((peek.item(), waited))
+
+
+def _spawn_child():
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_child, args=(child,), daemon=True)
+    proc.start()
+    return proc, parent
+
+
+def _ask(conn, *msg):
+    conn.send(msg)
+    assert conn.poll(120), "the child process did not answer"
+    return conn.recv()
+
+
+def _gpu_samples() -> dict[str, object]:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dev = "cuda"
+    return {
+        "f32": torch.randn(3, 5, device=dev, generator=g),
+        "f16": torch.randn(2, 7, device=dev, generator=g).half(),
+        "bf16": torch.randn(4, 8, device=dev, generator=g).bfloat16(),
+        "i64": torch.arange(-5, 6, device=dev),
+        "bool": torch.rand(13, device=dev, generator=g) > 0.5,
+        "u8": torch.arange(65, device=dev, dtype=torch.uint8),
+        "c64": torch.randn(4, device=dev, generator=g, dtype=torch.complex64),
+        "scalar": torch.tensor(2.5, device=dev),
+        "empty": torch.zeros(0, 3, device=dev),
+        "strided": torch.arange(24, device=dev, dtype=torch.float32).reshape(4, 6).t(),
+        "from_cpu": torch.arange(10, dtype=torch.int32),
+        "numpy": np.arange(6, dtype=np.float64).reshape(2, 3),
+    }
+
+
+@gpu
+def test_round_trip_into_a_spawned_process_is_zero_copy(owner):
+    proc, conn = _spawn_child()
+    writer = CudaIpcChannel.writer(owner, 1 << 20)
+    try:
+        samples = _gpu_samples()
+        descs = [writer.write(name, value)[0] for name, value in samples.items()]
+        assert all(d.channel == "cuda_ipc" and d.segment.startswith(owner) for d in descs)
+        answer, tokens = _ask(conn, "read", encode(RequestChunk(rid="r", edge="e", payloads=descs)))
+        for name, digest, shape, dtype, is_cuda, inside in answer:
+            want = samples[name]
+            want = torch.from_numpy(want) if isinstance(want, np.ndarray) else want
+            assert digest == _digest(want), name
+            assert shape == tuple(want.shape) and dtype == str(want.dtype), name
+            assert is_cuda and inside, f"{name}: the view does not lie inside the opened pool"
+
+        target = descs[0]
+        assert _ask(conn, "fill", encode(RequestChunk(rid="r", edge="e", payloads=[target])), 7) == "filled"
+        torch.cuda.synchronize()
+        assert bool((writer._pool[target.offset : target.offset + target.nbytes] == 7).all())
+
+        for token in tokens:
+            if token is not None:
+                assert writer.free(token)
+        assert writer.stats()["used"] == 0
+        assert _ask(conn, "done") == [writer.segment]
+        proc.join(60)
+        assert proc.exitcode == 0
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        writer.close()
+    assert _leftovers(owner) == []
+
+
+@gpu
+def test_reader_waits_for_the_producers_copy(owner):
+    proc, conn = _spawn_child()
+    writer = CudaIpcChannel.writer(owner, 1 << 24)
+    n = 1 << 20
+    try:
+        first, _ = writer.write("zeros", torch.zeros(n, device="cuda"))
+        torch.cuda.synchronize()
+        peek, waited = _ask(conn, "race", encode(RequestChunk(rid="r", edge="e", payloads=[first])))
+        assert waited == 0.0
+        assert writer.free(int.from_bytes(first.extra[:8], "little"))
+
+        ones = torch.ones(n, device="cuda")
+        torch.cuda.synchronize()
+        torch.cuda._sleep(3_000_000_000)  # the copy into the pool queues behind ~1.5 s of GPU time
+        second, _ = writer.write("ones", ones)
+        assert second.offset == first.offset  # same slot: stale zeros are there until the copy runs
+        peek, waited = _ask(conn, "race", encode(RequestChunk(rid="r", edge="e", payloads=[second])))
+        assert waited == float(n), "the reader did not wait for the producer's event"
+        assert peek == 0.0, "the race this test guards against did not happen (sleep too short?)"
+        _ask(conn, "done")
+        proc.join(60)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        writer.close()
+
+
+@gpu
+def test_channel_full_then_success_after_free_in_process(owner):
+    writer, reader = CudaIpcChannel.writer(owner, 1 << 16), CudaIpcChannel.reader()
+    try:
+        block = torch.ones(16 << 10, dtype=torch.uint8, device="cuda")
+        descs = [writer.write(f"b{i}", block)[0] for i in range(4)]
+        with pytest.raises(ChannelFull):
+            writer.write("more", block)
+        with pytest.raises(ValueError, match="exceeds the whole arena"):
+            writer.write("huge", torch.zeros((1 << 16) + 1, dtype=torch.uint8, device="cuda"))
+        assert writer.free(reader.token(descs[1]))
+        desc, _ = writer.write("more", block * 2)
+        assert desc.offset == descs[1].offset and desc.offset % 64 == 0
+        view = reader.read(desc, [])  # same process: the writer's own pool, no IPC
+        assert view.data_ptr() == writer._pool.data_ptr() + desc.offset
+        assert int(view.sum()) == 2 * block.numel() and int(reader.read(descs[2], []).sum()) == block.numel()
+        writer.free_all()
+        assert not writer.free(reader.token(descs[0]))  # a stale credit after free_all
+        assert writer.stats()["used"] == 0
+    finally:
+        reader.close()
+        writer.close()
+    assert _leftovers(owner) == []
+
+
+@gpu
+def test_unlink_prefix_removes_the_sidecar_of_a_dead_producer(owner):
+    writer = CudaIpcChannel.writer(owner, 1 << 16)
+    writer.write("x", torch.zeros(4, device="cuda"))
+    assert _leftovers(owner) == [writer.segment]
+    assert unlink_prefix(owner + "-") == [writer.segment]
+    reader = CudaIpcChannel.reader()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        reader.read(writer.write("y", torch.zeros(4, device="cuda"))[0], [])
+    writer.close()
+    assert _leftovers(owner) == []
