@@ -1,0 +1,139 @@
+"""The aiohttp application: one ServerState (kernel, model info, config, metrics), routes, middlewares.
+
+Middleware order, outermost first: metrics (sees every final status), errors (renders refusals as
+OpenAI bodies), auth (only /v1/*), admission (counts in-flight requests for the drain; refuses new
+ones while draining).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from omni.api.errors import ApiError, error_middleware
+from omni.api.media import MediaLimits
+from omni.api.metrics import ApiMetrics, route_label
+from omni.kernel.registry import ModelInfo
+
+
+@dataclass
+class ServerConfig:
+    """Everything the operator sets for the HTTP side (the graph's own settings live in the Graph)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_body_bytes: int = 64 << 20
+    limits: MediaLimits = field(default_factory=MediaLimits)
+    request_timeout_s: float | None = None  # passed to the kernel as each request's deadline
+    drain_timeout_s: float = 30.0
+    probe_timeout_s: float = 1.0
+    model_aliases: list[str] = field(default_factory=list)  # extra names clients may use for the model
+
+
+@dataclass
+class ServerState:
+    kernel: Any
+    info: ModelInfo
+    stage_names: list[str]
+    config: ServerConfig
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)
+    started_at: int = field(default_factory=lambda: int(time.time()))
+    inflight: int = 0
+    draining: bool = False
+    _idle: asyncio.Event | None = None
+
+    def model_names(self) -> list[str]:
+        return [self.info.id, *self.config.model_aliases]
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight; False when the timeout passed first."""
+        if self.inflight == 0:
+            return True
+        self._idle = self._idle or asyncio.Event()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def _left(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0 and self._idle is not None:
+            self._idle.set()
+
+
+STATE = web.AppKey("omni_state", ServerState)
+_OPEN_PATHS = ("/health", "/metrics", "/openapi.json")
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler):
+    state = request.app[STATE]
+    status = "499"  # a handler cancelled by a client that went away
+    try:
+        response = await handler(request)
+        status = str(response.status)
+        return response
+    except web.HTTPException as exc:
+        status = str(exc.status)
+        raise
+    except ConnectionResetError:
+        raise
+    except Exception:
+        status = "500"
+        raise
+    finally:
+        state.metrics.requests.labels(route_label(request), status).inc()
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler):
+    key = request.app[STATE].config.api_key
+    if key and request.path.startswith("/v1/"):
+        header = request.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+            raise ApiError(401, "missing or invalid API key; send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+    return await handler(request)
+
+
+@web.middleware
+async def admission_middleware(request: web.Request, handler):
+    state = request.app[STATE]
+    if request.path in _OPEN_PATHS or request.method == "GET":
+        return await handler(request)
+    if state.draining:
+        raise ApiError(503, "server is shutting down; not accepting new requests", code="shutting_down")
+    state.inflight += 1
+    try:
+        return await handler(request)
+    finally:
+        state._left()
+
+
+def build_app(kernel: Any, info: ModelInfo, stage_names: list[str], config: ServerConfig | None = None
+              ) -> web.Application:
+    """The whole API for one served model, ready for an AppRunner."""
+    from omni.api import routes_audio, routes_chat, routes_info
+
+    config = config or ServerConfig()
+    app = web.Application(client_max_size=config.max_body_bytes,
+                          middlewares=[metrics_middleware, error_middleware, auth_middleware,
+                                       admission_middleware])
+    app[STATE] = ServerState(kernel, info, list(stage_names), config)
+    app.router.add_post(routes_chat.ROUTE, routes_chat.chat_completions)
+    app.router.add_post(routes_audio.SPEECH_ROUTE, routes_audio.speech)
+    app.router.add_post(routes_audio.TRANSCRIBE_ROUTE, routes_audio.transcriptions)
+    app.router.add_get("/v1/models", routes_info.list_models)
+    app.router.add_get("/v1/models/{model}", routes_info.get_model)
+    app.router.add_get("/health", routes_info.health)
+    app.router.add_get("/metrics", routes_info.metrics)
+    app.router.add_get("/openapi.json", routes_info.openapi)
+    return app

@@ -1,0 +1,186 @@
+"""`omnid`: serve a model over the OpenAI-compatible API, make a tiny test model, list plugins.
+
+    omnid serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--config FILE] [--set k=v ...]
+                [--api-key KEY] [--max-concurrent N]
+    omnid make-tiny DIR
+    omnid plugins
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+log = logging.getLogger("omnid")
+
+
+def embedded_default_model() -> tuple[str | None, str | None]:
+    """(model_dir, family) served when no --model is given. Switch this one place when the tiny
+    Qwen3-Omni is ready: make it with make_tiny into a cache dir and return (dir, None)."""
+    return None, "demo"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omnid", description="omni's OpenAI-compatible server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model")
+    add_serve_args(serve)
+    tiny = sub.add_parser("make-tiny", help="write a tiny random Qwen3-Omni checkpoint (for tests)")
+    tiny.add_argument("dir", help="output directory")
+    sub.add_parser("plugins", help="list installed omni plugins and what they provide")
+    return parser
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "--model-path", dest="model", default=None,
+                        help="checkpoint directory (config.json + safetensors); default: the embedded model")
+    parser.add_argument("--family", default=None, help="model family, when config.json does not say")
+    parser.add_argument("--variant", default=None, help="graph variant of the family (e.g. speech, text)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--config", default=None, help="TOML/YAML file of [stages.<name>] overrides")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="STAGE.FIELD=VALUE",
+                        help="override one stage field; repeatable")
+    parser.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"), help="require this bearer key")
+    parser.add_argument("--max-concurrent", type=int, default=64, help="requests admitted at once (429 beyond)")
+    parser.add_argument("--mode", choices=("process", "inline"), default="process",
+                        help="stages as processes (default) or in this process")
+    parser.add_argument("--served-model-name", action="append", default=[], help="extra name for the model")
+    parser.add_argument("--request-timeout", type=float, default=None, help="per-request deadline, seconds")
+    parser.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body")
+    parser.add_argument("--max-audio-seconds", type=float, default=600.0, help="longest input audio")
+    parser.add_argument("--image-host", action="append", default=[], help="allow image_url from this host")
+    parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish requests on stop")
+    parser.add_argument("--log-level", default="INFO")
+
+
+class CliError(Exception):
+    """A startup problem worth one clear line, not a traceback."""
+
+
+def load_model(args: argparse.Namespace):
+    """(graph, info) for --model DIR (or the embedded default), with --config / --set applied."""
+    from omni.kernel.graph import apply_overrides, load_override_file, parse_set_flags
+    from omni.kernel.registry import REGISTRY, resolve
+
+    REGISTRY.load_plugins()
+    model_dir, family = (args.model, args.family) if args.model else embedded_default_model()
+    try:
+        if family:
+            entry = REGISTRY.family_for(name=family)
+        else:
+            config_path = Path(model_dir) / "config.json"
+            if not config_path.is_file():
+                raise CliError(f"{model_dir}: no config.json (is --model a checkpoint directory?)")
+            archs = json.loads(config_path.read_text()).get("architectures") or []
+            entry = REGISTRY.family_for(architectures=archs)
+        graph, info = resolve(entry.target)(model_dir, args.variant)
+        overrides = load_override_file(args.config) if args.config else {}
+        for stage, fields in parse_set_flags(args.sets).items():
+            overrides.setdefault(stage, {}).update(fields)
+        if overrides:
+            apply_overrides(graph, overrides)
+    except CliError:
+        raise
+    except (ValueError, OSError, KeyError) as exc:  # GraphError is a ValueError
+        raise CliError(f"cannot load the model: {exc}") from None
+    return graph, info
+
+
+def server_config(args: argparse.Namespace):
+    from omni.api.app import ServerConfig
+    from omni.api.media import MediaLimits
+
+    return ServerConfig(host=args.host, port=args.port, api_key=args.api_key or None,
+                        max_body_bytes=int(args.max_body_mb * (1 << 20)),
+                        limits=MediaLimits(max_audio_seconds=args.max_audio_seconds, image_hosts=args.image_host),
+                        request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,
+                        model_aliases=args.served_model_name)
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from omni.api.app import build_app
+    from omni.api.server import HttpServer, serve_until_signal
+    from omni.kernel.errors import StageStartError
+    from omni.kernel.kernel import Kernel
+
+    _say("omnid: loading model " + (args.model or "(embedded default)"))
+    graph, info = load_model(args)
+    stages = [s.name for s in graph.stages]
+    _say(f"omnid: model {info.id!r} (family {info.family}), {len(stages)} stage(s): {', '.join(stages)}")
+    if info.random_weights:
+        log.warning("model %r has RANDOM weights: its text and speech are noise (fine for tests, not for use)",
+                    info.id)
+    kernel = Kernel(graph, mode=args.mode, max_inflight=args.max_concurrent)
+    _say(f"omnid: starting {len(stages)} stage(s) ({args.mode} mode) ...")
+    try:
+        await kernel.start()
+    except StageStartError as exc:
+        await kernel.stop()
+        raise CliError(f"a stage did not start: {exc}") from None
+    _say("omnid: stages up: " + ", ".join(f"{k}={v}" for k, v in kernel.health().items()))
+    config = server_config(args)
+    app = build_app(kernel, info, stages, config)
+    server = HttpServer(app, config.host, config.port)
+    await serve_until_signal(server, kernel, config.drain_timeout_s, on_listening=_say)
+
+
+def _run(coro) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:
+        asyncio.run(coro)
+
+
+def make_tiny(args: argparse.Namespace) -> None:
+    try:
+        from omni.models.qwen3_omni.make_tiny import make_tiny as make
+    except ImportError as exc:
+        raise CliError(f"make-tiny is not available in this build: {exc}") from None
+    path = make(args.dir)
+    _say(f"omnid: wrote a tiny random Qwen3-Omni to {path or args.dir}")
+
+
+def list_plugins(args: argparse.Namespace) -> None:
+    from omni.kernel.registry import REGISTRY
+
+    reports = REGISTRY.load_plugins()
+    if not reports:
+        _say("no omni plugins installed")
+    for r in reports:
+        status = "ok" if r.ok else f"FAILED: {r.error}"
+        _say(f"{r.name}: {status}" + (f"; provides {', '.join(r.provides)}" if r.provides else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(args, "log_level", "INFO").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        if args.command == "serve":
+            _run(serve(args))
+        elif args.command == "make-tiny":
+            make_tiny(args)
+        elif args.command == "plugins":
+            list_plugins(args)
+    except CliError as exc:
+        print(f"omnid: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Client media in: base64 audio and images, checked and normalised before any stage sees them.
+
+Audio is decoded with libsndfile (wav, flac, ogg, mp3), mixed to mono float32 and resampled with
+soxr to the rate the model takes. Images arrive as data URLs (or from operator allow-listed hosts),
+are opened with Pillow to prove they are images, and travel on as the original file bytes.
+Server-side paths are never read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import warnings
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from omni.api.errors import ApiError, bad_request, too_large
+
+MODEL_AUDIO_RATE = 16000  # what the audio encoders take
+
+
+@dataclass
+class MediaLimits:
+    max_audio_bytes: int = 25 << 20
+    max_audio_seconds: float = 600.0
+    max_image_bytes: int = 20 << 20
+    max_image_pixels: int = 40_000_000
+    image_hosts: list[str] = field(default_factory=list)  # remote hosts allowed for image_url
+    fetch_timeout_s: float = 10.0
+
+
+def b64decode_strict(data: str, param: str) -> bytes:
+    """Decode base64 (a data URL prefix is tolerated); malformed input is a 400."""
+    if data.startswith("data:"):
+        data = data.partition(",")[2]
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise bad_request(f"{param} is not valid base64: {exc}", param=param, code="invalid_base64") from None
+
+
+def decode_audio_bytes(raw: bytes, param: str, limits: MediaLimits, target_rate: int = MODEL_AUDIO_RATE
+                       ) -> tuple[np.ndarray, int]:
+    """Decode an audio file's bytes to mono float32 at `target_rate`."""
+    import soundfile as sf
+
+    if len(raw) > limits.max_audio_bytes:
+        raise too_large(f"{param}: audio is {len(raw)} bytes; the limit is {limits.max_audio_bytes}", param)
+    if not raw:
+        raise bad_request(f"{param}: audio is empty", param=param, code="invalid_audio")
+    try:
+        info = sf.info(io.BytesIO(raw))
+        if info.frames > 0 and info.frames / max(info.samplerate, 1) > limits.max_audio_seconds:
+            raise too_large(f"{param}: audio lasts {info.frames / info.samplerate:.1f} s; the limit is "
+                            f"{limits.max_audio_seconds:.0f} s", param)
+        pcm, rate = sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)
+    except ApiError:
+        raise
+    except Exception as exc:  # libsndfile's errors are plain RuntimeErrors / LibsndfileErrors
+        raise bad_request(f"{param}: could not decode audio ({type(exc).__name__}: {exc}); "
+                          "send wav, flac, ogg or mp3", param=param, code="invalid_audio") from None
+    if pcm.shape[0] == 0:
+        raise bad_request(f"{param}: audio has no samples", param=param, code="invalid_audio")
+    if pcm.shape[0] / rate > limits.max_audio_seconds:
+        raise too_large(f"{param}: audio lasts {pcm.shape[0] / rate:.1f} s; the limit is "
+                        f"{limits.max_audio_seconds:.0f} s", param)
+    mono = pcm.mean(axis=1, dtype=np.float32) if pcm.shape[1] > 1 else pcm[:, 0]
+    if not np.isfinite(mono).all():
+        raise bad_request(f"{param}: audio holds NaN or infinite samples", param=param, code="invalid_audio")
+    return resample(mono, rate, target_rate), target_rate
+
+
+def resample(pcm: np.ndarray, rate: int, target_rate: int) -> np.ndarray:
+    if rate == target_rate:
+        return np.ascontiguousarray(pcm, dtype=np.float32)
+    import soxr
+
+    return soxr.resample(pcm.astype(np.float32), rate, target_rate).astype(np.float32)
+
+
+def audio_part(pcm: np.ndarray, rate: int) -> dict:
+    """The params shape the stages take for one piece of input audio."""
+    return {"pcm": np.ascontiguousarray(pcm, dtype="<f4").tobytes(), "sample_rate": rate}
+
+
+def _check_image(raw: bytes, param: str, limits: MediaLimits) -> bytes:
+    from PIL import Image
+
+    if len(raw) > limits.max_image_bytes:
+        raise too_large(f"{param}: image is {len(raw)} bytes; the limit is {limits.max_image_bytes}", param)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(raw)) as img:
+                width, height = img.size
+                if width * height > limits.max_image_pixels:
+                    raise too_large(f"{param}: image is {width}x{height} pixels; the limit is "
+                                    f"{limits.max_image_pixels} pixels", param)
+                img.verify()
+    except ApiError:
+        raise
+    except Exception as exc:
+        raise bad_request(f"{param}: not a readable image ({type(exc).__name__}: {exc})", param=param,
+                          code="invalid_image") from None
+    return raw
+
+
+def parse_image_url(url: str, param: str, limits: MediaLimits) -> tuple[bytes | None, str | None]:
+    """Returns (image bytes, None) for a data URL or (None, url) for an allow-listed remote URL."""
+    if url.startswith("data:"):
+        header, sep, payload = url.partition(",")
+        if not sep or not header.endswith(";base64"):
+            raise bad_request(f"{param}: data URLs must be 'data:image/<type>;base64,<data>'", param=param,
+                              code="invalid_image")
+        if not header[5:].startswith("image/"):
+            raise bad_request(f"{param}: data URL media type must be image/*, got {header[5:-7]!r}", param=param,
+                              code="invalid_image")
+        return _check_image(b64decode_strict(payload, param), param, limits), None
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https") and parts.hostname:
+        if parts.hostname.lower() in {h.lower() for h in limits.image_hosts}:
+            return None, url
+        raise bad_request(f"{param}: remote image URLs are not allowed (host {parts.hostname!r} is not in the "
+                          "server's allow-list); send a data URL", param=param, code="image_url_not_allowed")
+    raise bad_request(f"{param}: only data URLs (and allow-listed http(s) hosts) are accepted; file paths and "
+                      f"{parts.scheme or 'scheme-less'} URLs never are", param=param, code="image_url_not_allowed")
+
+
+async def fetch_image(url: str, param: str, limits: MediaLimits) -> bytes:
+    """Fetch an allow-listed remote image, bounded in size and time."""
+    import aiohttp
+
+    try:
+        timeout = aiohttp.ClientTimeout(total=limits.fetch_timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with session.get(url, allow_redirects=False) as resp:
+                if resp.status != 200:
+                    raise bad_request(f"{param}: fetching the image gave HTTP {resp.status}", param=param,
+                                      code="image_fetch_failed")
+                raw = await resp.content.read(limits.max_image_bytes + 1)
+    except ApiError:
+        raise
+    except Exception as exc:
+        raise bad_request(f"{param}: could not fetch the image ({type(exc).__name__}: {exc})", param=param,
+                          code="image_fetch_failed") from None
+    return _check_image(raw, param, limits)

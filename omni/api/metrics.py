@@ -1,0 +1,100 @@
+"""Prometheus metrics: request counts and latencies observed by the API, stage gauges read from the
+kernel at scrape time. Each app owns its registry, so several servers can live in one process.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_RTF_BUCKETS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0, 8.0)
+_TPS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
+
+
+class _StageCollector:
+    """Turns the last `kernel.stats()` snapshot into gauges (and a restarts counter) per stage."""
+
+    def __init__(self) -> None:
+        self.snapshot: dict[str, dict] = {}
+
+    def collect(self):
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        for stage, fields in sorted(self.snapshot.items()):
+            for key, value in sorted((fields or {}).items()):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                name = "omni_stage_" + re.sub(r"[^a-zA-Z0-9_]", "_", key).strip("_").lower()
+                if name not in families:
+                    if key.startswith("restart"):
+                        families[name] = CounterMetricFamily(name.removesuffix("_total"),
+                                                             f"stage {key} (from the kernel)", labels=["stage"])
+                    else:
+                        families[name] = GaugeMetricFamily(name, f"stage {key} (from the kernel)",
+                                                           labels=["stage"])
+                families[name].add_metric([stage], float(value))
+        yield from families.values()
+
+
+class ApiMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("omni_requests", "HTTP requests by route and status",
+                                ["route", "status"], registry=self.registry)
+        self.ttft = Histogram("omni_time_to_first_token_seconds", "submit to first text token",
+                              ["route"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.ttfa = Histogram("omni_time_to_first_audio_seconds", "submit to first audio samples",
+                              ["route"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.rtf = Histogram("omni_real_time_factor", "generation wall time / audio duration",
+                             ["route"], buckets=_RTF_BUCKETS, registry=self.registry)
+        self.tokens_per_s = Histogram("omni_tokens_per_second", "completion tokens / decode time per request",
+                                      ["route"], buckets=_TPS_BUCKETS, registry=self.registry)
+        self.stages = _StageCollector()
+        self.registry.register(self.stages)
+
+    def render(self, stage_stats: dict[str, dict]) -> bytes:
+        self.stages.snapshot = stage_stats
+        return generate_latest(self.registry)
+
+
+class RequestTimer:
+    """Times one generation and reports TTFT / time to first audio / RTF / tokens per second."""
+
+    def __init__(self, metrics: ApiMetrics, route: str) -> None:
+        self.metrics, self.route = metrics, route
+        self.start = time.perf_counter()
+        self.first_text: float | None = None
+        self.first_audio: float | None = None
+        self.audio_seconds = 0.0
+
+    def on_text(self) -> None:
+        if self.first_text is None:
+            self.first_text = time.perf_counter()
+            self.metrics.ttft.labels(self.route).observe(self.first_text - self.start)
+
+    def on_audio(self, samples: int, sample_rate: int) -> None:
+        if self.first_audio is None:
+            self.first_audio = time.perf_counter()
+            self.metrics.ttfa.labels(self.route).observe(self.first_audio - self.start)
+        self.audio_seconds += samples / max(sample_rate, 1)
+
+    def finish(self, completion_tokens: int) -> None:
+        end = time.perf_counter()
+        if self.audio_seconds > 0:
+            self.metrics.rtf.labels(self.route).observe((end - self.start) / self.audio_seconds)
+        if completion_tokens > 0 and self.first_text is not None and end > self.first_text:
+            self.metrics.tokens_per_s.labels(self.route).observe(completion_tokens / (end - self.first_text))
+
+
+def route_label(request: web.Request) -> str:
+    """The route's template (never the raw path, which would blow up label cardinality)."""
+    route = request.match_info.route
+    resource = getattr(route, "resource", None)
+    if resource is None:
+        return "unmatched"
+    return resource.canonical

@@ -1,0 +1,151 @@
+"""Validated OpenAI requests -> the `params` dict the entry stage takes (the kernel's request contract).
+
+Everything a client can get wrong is checked here, before anything is submitted: the model name,
+the voice, stage names in `stage_sampling`, and every piece of media.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from omni.api.errors import ApiError, bad_request
+from omni.api.media import (
+    MODEL_AUDIO_RATE,
+    audio_part,
+    b64decode_strict,
+    decode_audio_bytes,
+    fetch_image,
+    parse_image_url,
+)
+from omni.api.schemas import AudioPart, ChatCompletionRequest, ImagePart, SpeechRequest, StageSampling, TextPart
+
+if TYPE_CHECKING:
+    from omni.api.app import ServerState
+
+THINKER = "thinker"  # the key of the text model's sampling in params["sampling"]
+
+
+def check_model(state: ServerState, name: str, param: str = "model") -> None:
+    if name not in state.model_names():
+        raise ApiError(404, f"model {name!r} is not served here; served: {state.model_names()}", param=param,
+                       code="model_not_found")
+
+
+def resolve_voice(state: ServerState, voice: str | None, param: str) -> str | None:
+    """Voice names are case-insensitive; an unknown one is a 400 that lists the known ones."""
+    voices = state.info.voices
+    if voice is None:
+        return voices[0] if voices else None
+    if not voices:
+        return voice
+    by_lower = {v.lower(): v for v in voices}
+    found = by_lower.get(voice.strip().lower())
+    if found is None:
+        raise bad_request(f"unknown voice {voice!r}; this model's voices are: {', '.join(voices)}", param=param,
+                          code="unknown_voice")
+    return found
+
+
+def _sampling_dict(s: StageSampling) -> dict:
+    return {k: getattr(s, k) for k in s.__struct_fields__ if getattr(s, k) is not None}
+
+
+def stage_sampling(state: ServerState, base: dict, extra: dict[str, StageSampling] | None) -> dict:
+    """`{"thinker": {...top-level fields}, "<stage>": {...}}`; unknown stage names are a 400."""
+    sampling = {THINKER: dict(base)} if base else {}
+    known = sorted(set(state.stage_names) | {THINKER})
+    for name, fields in (extra or {}).items():
+        if name not in known:
+            raise bad_request(f"stage_sampling names unknown stage {name!r}; stages: {known}",
+                              param=f"stage_sampling.{name}", code="unknown_stage")
+        sampling.setdefault(name, {}).update(_sampling_dict(fields))
+    return sampling
+
+
+def stop_strings(stop: str | list[str] | None) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    return [s for s in stops if s]
+
+
+async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
+    check_model(state, req.model)
+    modalities = list(dict.fromkeys(req.modalities or ["text"]))
+    wants_audio = "audio" in modalities
+    voice = None
+    if wants_audio:
+        if not state.info.speaks:
+            raise bad_request(f"model {state.info.id!r} does not produce audio; use modalities ['text']",
+                              param="modalities", code="audio_not_supported")
+        if "text" not in modalities:
+            modalities.insert(0, "text")
+        voice = resolve_voice(state, req.audio.voice if req.audio else None, "audio.voice")
+        if req.stream and req.audio is not None and req.audio.format != "pcm16":
+            raise bad_request("streamed audio is sent as pcm16; set audio.format to 'pcm16' or stream=false",
+                              param="audio.format", code="unsupported_stream_format")
+    messages = []
+    for i, msg in enumerate(req.messages):
+        messages.append({"role": "system" if msg.role == "developer" else msg.role,
+                         "content": await _content(state, msg.content, f"messages[{i}].content")})
+    base = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
+            "repetition_penalty": req.repetition_penalty, "seed": req.seed,
+            "max_tokens": req.max_completion_tokens or req.max_tokens}
+    base = {k: v for k, v in base.items() if v is not None}
+    return {"task": "chat", "messages": messages, "modalities": modalities, "voice": voice,
+            "sampling": stage_sampling(state, base, req.stage_sampling)}
+
+
+async def _content(state: ServerState, content, param: str) -> list[dict]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    parts: list[dict] = []
+    for j, part in enumerate(content):
+        where = f"{param}[{j}]"
+        if isinstance(part, TextPart):
+            parts.append({"type": "text", "text": part.text})
+        elif isinstance(part, AudioPart):
+            raw = b64decode_strict(part.input_audio.data, f"{where}.input_audio.data")
+            pcm, rate = decode_audio_bytes(raw, f"{where}.input_audio.data", state.config.limits, MODEL_AUDIO_RATE)
+            parts.append({"type": "audio", **audio_part(pcm, rate)})
+        elif isinstance(part, ImagePart):
+            data, url = parse_image_url(part.image_url.url, f"{where}.image_url.url", state.config.limits)
+            if data is None:
+                data = await fetch_image(url, f"{where}.image_url.url", state.config.limits)
+            parts.append({"type": "image", "data": data})
+    return parts
+
+
+def speech_params(state: ServerState, req: SpeechRequest) -> dict:
+    check_model(state, req.model)
+    if not state.info.speaks:
+        raise bad_request(f"model {state.info.id!r} does not speak; no loaded model serves /v1/audio/speech",
+                          code="speech_not_supported")
+    if not req.input.strip():
+        raise bad_request("input is blank", param="input", code="invalid_value")
+    voice = resolve_voice(state, req.voice, "voice")
+    # speed is applied by the API (resampling, see routes_audio) unless the model says it applies it
+    speed = req.speed if model_applies_speed(state) else 1.0
+    return {"task": "speech", "input": req.input, "voice": voice, "speed": speed,
+            "modalities": ["audio"], "messages": [],
+            "sampling": stage_sampling(state, {}, req.stage_sampling)}
+
+
+def model_applies_speed(state: ServerState) -> bool:
+    return bool(state.info.extra.get("applies_speed"))
+
+
+def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language: str | None,
+                      prompt: str | None, temperature: float | None) -> tuple[dict, float]:
+    """The params and the input's duration in seconds."""
+    check_model(state, model)
+    if not state.info.transcribes:
+        raise bad_request(f"no loaded model transcribes: model {state.info.id!r} does not serve "
+                          "/v1/audio/transcriptions", code="transcription_not_supported")
+    pcm, rate = decode_audio_bytes(raw_audio, "file", state.config.limits, MODEL_AUDIO_RATE)
+    base = {"temperature": temperature} if temperature is not None else {}
+    params = {"task": "transcribe", "audio": audio_part(pcm, rate), "language": language,
+              "modalities": ["text"], "messages": [], "sampling": stage_sampling(state, base, None)}
+    if prompt:
+        params["prompt"] = prompt
+    return params, len(pcm) / rate

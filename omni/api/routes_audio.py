@@ -1,0 +1,182 @@
+"""POST /v1/audio/speech (audio bytes streamed as made, or SSE) and POST /v1/audio/transcriptions.
+
+`speed` is applied here by resampling the model's audio (soxr, streaming): faster speech is also
+higher-pitched, as on a tape. A model that sets `ModelInfo.extra["applies_speed"]` gets the speed
+in its params instead and its audio passes through untouched.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+
+import numpy as np
+from aiohttp import web
+
+from omni.api.audio_codec import CONTENT_TYPES, StreamEncoder
+from omni.api.errors import ApiError, as_api_error, bad_request, too_large
+from omni.api.generation import AudioPiece, Finish, KernelRequest
+from omni.api.metrics import RequestTimer
+from omni.api.params import model_applies_speed, speech_params, transcribe_params
+from omni.api.schemas import TRANSCRIPTION_FORMATS, SpeechRequest, decode_body
+from omni.api.sse import SseStream
+
+log = logging.getLogger("omni.api")
+SPEECH_ROUTE = "/v1/audio/speech"
+TRANSCRIBE_ROUTE = "/v1/audio/transcriptions"
+MAX_FIELD_BYTES = 64 << 10
+
+
+class SpeedChanger:
+    """Plays audio `speed` times faster by resampling it, chunk by chunk."""
+
+    def __init__(self, speed: float, sample_rate: int) -> None:
+        import soxr
+
+        self._stream = soxr.ResampleStream(sample_rate * speed, sample_rate, 1, dtype="float32")
+
+    def feed(self, pcm: np.ndarray, last: bool = False) -> np.ndarray:
+        return self._stream.resample_chunk(np.asarray(pcm, dtype=np.float32), last=last)
+
+
+async def speech(request: web.Request) -> web.StreamResponse:
+    from omni.api.app import STATE
+
+    state = request.app[STATE]
+    req = decode_body(await request.read(), SpeechRequest)
+    params = speech_params(state, req)
+    timer = RequestTimer(state.metrics, SPEECH_ROUTE)
+    changer_needed = req.speed != 1.0 and not model_applies_speed(state)
+    sse = SseStream(request) if req.stream_format == "sse" else None
+    response: web.StreamResponse | None = None
+    encoder: StreamEncoder | None = None
+    changer: SpeedChanger | None = None
+    finish: Finish | None = None
+
+    async def send(data: bytes) -> None:
+        nonlocal response
+        if not data:
+            return
+        if sse is not None:
+            await sse.send({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+            return
+        if response is None:
+            response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[req.response_format]})
+            await response.prepare(request)
+        await response.write(data)
+
+    async with KernelRequest(state.kernel, params, timer, None, state.config.request_timeout_s) as gen:
+        try:
+            async for piece in gen.pieces():
+                if isinstance(piece, AudioPiece):
+                    if encoder is None:
+                        encoder = StreamEncoder(req.response_format, piece.sample_rate)
+                        changer = SpeedChanger(req.speed, piece.sample_rate) if changer_needed else None
+                    pcm = changer.feed(piece.pcm) if changer else piece.pcm
+                    await send(encoder.feed(pcm))
+                elif isinstance(piece, Finish):
+                    finish = piece
+            if encoder is None:  # no audio at all: still a valid, empty file
+                encoder = StreamEncoder(req.response_format, state.info.sample_rate)
+            tail = encoder.feed(changer.feed(np.zeros(0, np.float32), last=True)) if changer else b""
+            await send(tail + encoder.finish())
+        except ConnectionResetError:
+            raise
+        except Exception as exc:
+            started = response is not None or (sse is not None and sse.started)
+            if not started:
+                raise
+            log.warning("speech stream %s failed after it started: %s", gen.rid, exc)
+            if sse is not None:
+                await sse.send_error(as_api_error(exc))
+                return await sse.done(marker=False)
+            if request.transport is not None:  # a cut-off body, so the client cannot mistake it for whole
+                request.transport.close()
+            return response
+    if sse is not None:
+        usage = {"input_tokens": finish.prompt_tokens if finish else 0,
+                 "output_tokens": finish.completion_tokens if finish else 0}
+        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        await sse.send({"type": "speech.audio.done", "usage": usage})
+        return await sse.done(marker=False)
+    if response is None:  # nothing was encoded (pcm of no samples)
+        return web.Response(body=b"", headers={"Content-Type": CONTENT_TYPES[req.response_format]})
+    await response.write_eof()
+    return response
+
+
+async def _read_form(request: web.Request, max_file_bytes: int) -> tuple[dict[str, str], bytes | None]:
+    if not request.content_type.startswith("multipart/"):
+        raise bad_request(f"expected multipart/form-data, got {request.content_type!r}", code="invalid_content_type")
+    fields: dict[str, str] = {}
+    audio: bytes | None = None
+    try:
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            if getattr(part, "name", None) is None:
+                continue
+            limit = max_file_bytes if part.name == "file" else MAX_FIELD_BYTES
+            data = bytearray()
+            while chunk := await part.read_chunk(64 << 10):
+                data += chunk
+                if len(data) > limit:
+                    raise too_large(f"form field {part.name!r} is over {limit} bytes", part.name)
+            if part.name == "file":
+                audio = bytes(data)
+            else:
+                fields[part.name] = data.decode("utf-8", errors="replace")
+    except ApiError:
+        raise
+    except (ValueError, AssertionError, RuntimeError) as exc:  # aiohttp's errors for malformed multipart
+        raise bad_request(f"malformed multipart body: {exc}", code="invalid_multipart") from None
+    return fields, audio
+
+
+def _timestamp(seconds: float, sep: str) -> str:
+    ms = int(round(seconds * 1000))
+    return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d}{sep}{ms % 1000:03d}"
+
+
+async def transcriptions(request: web.Request) -> web.Response:
+    from omni.api.app import STATE
+
+    state = request.app[STATE]
+    fields, audio = await _read_form(request, state.config.limits.max_audio_bytes)
+    if "model" not in fields:
+        raise bad_request("missing form field 'model'", param="model", code="missing_field")
+    if audio is None:
+        raise bad_request("missing form field 'file' (the audio to transcribe)", param="file", code="missing_field")
+    fmt = fields.get("response_format", "json")
+    if fmt not in TRANSCRIPTION_FORMATS:
+        raise bad_request(f"response_format must be one of {list(TRANSCRIPTION_FORMATS)}, got {fmt!r}",
+                          param="response_format", code="invalid_value")
+    temperature = None
+    if fields.get("temperature"):
+        try:
+            temperature = float(fields["temperature"])
+        except ValueError:
+            raise bad_request("temperature must be a number", param="temperature", code="invalid_value") from None
+        if not 0.0 <= temperature <= 2.0:
+            raise bad_request("temperature must be within [0, 2]", param="temperature", code="invalid_value")
+    language = fields.get("language") or None
+    params, duration = transcribe_params(state, fields["model"], audio, language, fields.get("prompt"), temperature)
+    timer = RequestTimer(state.metrics, TRANSCRIBE_ROUTE)
+    async with KernelRequest(state.kernel, params, timer, None, state.config.request_timeout_s) as gen:
+        out = await gen.collect()
+    text = "".join(out.text).strip()
+    if fmt == "text":
+        return web.Response(text=text, content_type="text/plain")
+    if fmt in ("srt", "vtt"):
+        sep = "," if fmt == "srt" else "."
+        cue = f"{_timestamp(0, sep)} --> {_timestamp(duration, sep)}\n{text}\n"
+        body = f"1\n{cue}" if fmt == "srt" else f"WEBVTT\n\n{cue}"
+        return web.Response(text=body, content_type="text/plain" if fmt == "srt" else "text/vtt")
+    if fmt == "verbose_json":  # one segment for the whole clip: the models give no timestamps yet
+        return web.json_response({"task": "transcribe", "language": language or "unknown", "duration": duration,
+                                  "text": text, "segments": [{"id": 0, "seek": 0, "start": 0.0, "end": duration,
+                                                              "text": text, "tokens": [], "temperature": 0.0,
+                                                              "avg_logprob": 0.0, "compression_ratio": 0.0,
+                                                              "no_speech_prob": 0.0}]})
+    usage = {"type": "duration", "seconds": duration}
+    return web.json_response({"text": text, "usage": usage})
+

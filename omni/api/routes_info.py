@@ -1,0 +1,78 @@
+"""GET routes: /v1/models, /health (every stage must answer a probe), /metrics, /openapi.json."""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+from aiohttp import web
+
+from omni.api.errors import ApiError
+from omni.api.metrics import CONTENT_TYPE
+
+log = logging.getLogger("omni.api")
+
+
+def _state(request: web.Request):
+    from omni.api.app import STATE
+
+    return request.app[STATE]
+
+
+def _model_card(state, name: str) -> dict:
+    info = state.info
+    return {"id": name, "object": "model", "created": state.started_at, "owned_by": "omni",
+            "family": info.family, "speaks": info.speaks, "transcribes": info.transcribes,
+            "voices": list(info.voices), "random_weights": info.random_weights}
+
+
+async def list_models(request: web.Request) -> web.Response:
+    state = _state(request)
+    return web.json_response({"object": "list", "data": [_model_card(state, n) for n in state.model_names()]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    state = _state(request)
+    name = request.match_info["model"]
+    if name not in state.model_names():
+        raise ApiError(404, f"model {name!r} is not served here; served: {state.model_names()}", param="model",
+                       code="model_not_found")
+    return web.json_response(_model_card(state, name))
+
+
+async def health(request: web.Request) -> web.Response:
+    """200 only when every stage answers a probe; 503 names those that do not."""
+    state = _state(request)
+    try:
+        probes = await state.kernel.probe(timeout_s=state.config.probe_timeout_s)
+        states = state.kernel.health()
+    except Exception as exc:  # a kernel that cannot even be asked is not healthy
+        log.warning("health probe failed: %s: %s", type(exc).__name__, exc)
+        raise ApiError(503, f"kernel did not answer the health probe: {type(exc).__name__}: {exc}",
+                       code="unhealthy") from None
+    down = sorted(name for name, ok in probes.items() if not ok)
+    if state.draining:
+        raise ApiError(503, "server is shutting down", code="shutting_down")
+    if down or not probes:
+        detail = ", ".join(f"{n} ({states.get(n, 'no answer')})" for n in down) or "no stages"
+        raise ApiError(503, f"stages not answering: {detail}", param=",".join(down) or None, code="unhealthy")
+    return web.json_response({"status": "ok", "model": state.info.id, "stages": states})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = _state(request)
+    try:
+        stats = await state.kernel.stats()
+    except Exception as exc:  # metrics stay readable when the kernel is in trouble
+        log.warning("kernel.stats() failed: %s: %s", type(exc).__name__, exc)
+        stats = {}
+    body = state.metrics.render(stats)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    from omni.api.openapi import build_openapi
+
+    state = _state(request)
+    doc = build_openapi(voices=state.info.voices, models=state.model_names())
+    return web.Response(body=msgspec.json.encode(doc), content_type="application/json")

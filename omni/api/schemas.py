@@ -1,0 +1,136 @@
+"""Request bodies as msgspec Structs: one typed decode turns bad JSON or wrong types into a 400 that
+names the field. The same Structs generate the OpenAPI schemas (openapi.py), so docs and checks agree.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+import msgspec
+from msgspec import Meta, Struct
+
+from omni.api.errors import ApiError
+
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
+TopK = Annotated[int, Meta(ge=-1)]
+MaxTokens = Annotated[int, Meta(ge=1, le=1 << 20)]
+Seed = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=10.0)]
+ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus"]
+SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
+
+
+class TextPart(Struct, tag="text", tag_field="type"):
+    text: str
+
+
+class ImageUrl(Struct):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(Struct, tag="image_url", tag_field="type"):
+    image_url: ImageUrl
+
+
+class InputAudio(Struct):
+    data: str
+    format: Literal["wav", "mp3", "flac", "ogg"]
+
+
+class AudioPart(Struct, tag="input_audio", tag_field="type"):
+    input_audio: InputAudio
+
+
+ContentPart = Union[TextPart, ImagePart, AudioPart]
+
+
+class Message(Struct):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+
+
+class ChatAudioOptions(Struct):
+    voice: str
+    format: ChatAudioFormat = "wav"
+
+
+class StreamOptions(Struct):
+    include_usage: bool = False
+
+
+class StageSampling(Struct, forbid_unknown_fields=True):
+    """omni's extension: sampling for any autoregressive stage, e.g. `talker`."""
+
+    temperature: Temperature | None = None
+    top_k: TopK | None = None
+    top_p: TopP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    max_tokens: MaxTokens | None = None
+    seed: Seed | None = None
+
+
+class ChatCompletionRequest(Struct):
+    model: str
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    modalities: Annotated[list[Literal["text", "audio"]], Meta(min_length=1)] | None = None
+    audio: ChatAudioOptions | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
+    seed: Seed | None = None
+    stop: Union[str, Annotated[list[str], Meta(max_length=16)], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Meta(ge=1, le=1)] = 1
+    stage_sampling: dict[str, StageSampling] | None = None
+    user: str | None = None
+
+
+class SpeechRequest(Struct):
+    model: str
+    input: Annotated[str, Meta(min_length=1, max_length=4096)]
+    voice: str
+    response_format: SpeechFormat = "mp3"
+    speed: Annotated[float, Meta(ge=0.25, le=4.0)] = 1.0
+    stream_format: Literal["audio", "sse"] = "audio"
+    instructions: str | None = None
+    stage_sampling: dict[str, StageSampling] | None = None
+
+
+class ErrorDetail(Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(Struct):
+    error: ErrorDetail
+
+
+TRANSCRIPTION_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+
+_decoders: dict[type, msgspec.json.Decoder] = {}
+
+
+def decode_body(body: bytes, cls: type) -> object:
+    """Decode a JSON body into `cls`; every failure is a 400 naming the field (`$.messages[0]...`)."""
+    decoder = _decoders.get(cls)
+    if decoder is None:
+        decoder = _decoders[cls] = msgspec.json.Decoder(cls)
+    if not body.strip():
+        raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        param = text.rpartition(" - at `$.")[2].rstrip("`") if " - at `$." in text else None
+        raise ApiError(400, f"invalid request: {text}", param=param, code="invalid_value") from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"body is not valid JSON: {exc}", code="invalid_json") from None

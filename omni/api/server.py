@@ -1,0 +1,91 @@
+"""Running the app: listen, wait for SIGINT / SIGTERM, drain in-flight requests, stop the kernel.
+
+`start_http` / `stop_http` are also what tests and notebooks use to serve an app on a free port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+
+from aiohttp import web
+
+from omni.api.app import STATE
+
+log = logging.getLogger("omni.api")
+
+
+class HttpServer:
+    """An app listening on host:port (port 0 picks a free one)."""
+
+    def __init__(self, app: web.Application, host: str, port: int) -> None:
+        self.app, self.host, self.port = app, host, port
+        self.runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> HttpServer:
+        # handler_cancellation: a client that disconnects cancels its handler, so its request is
+        # cancelled in the kernel even while nothing is being written to it
+        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+        return self
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests and wait for the in-flight ones; True when all finished in time."""
+        state = self.app[STATE]
+        state.draining = True
+        if state.inflight:
+            log.info("draining %d in-flight request(s) (up to %.0f s)", state.inflight, timeout_s)
+        done = await state.wait_idle(timeout_s)
+        if not done:
+            log.warning("drain timed out with %d request(s) still in flight; they will be cut off",
+                        state.inflight)
+        return done
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+async def serve_until_signal(server: HttpServer, kernel, drain_timeout_s: float,
+                             on_listening: Callable[[str], None] = print,
+                             stop_event: asyncio.Event | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (or `stop_event`), then drain, close HTTP, and stop the kernel."""
+    loop = asyncio.get_running_loop()
+    stop = stop_event or asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():
+            log.info("%s again: already shutting down", sig.name)
+        stop.set()
+
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal, sig)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread: caller stops us
+            pass
+    try:
+        await server.start()
+        on_listening(f"omnid listening on {server.url}")
+        await stop.wait()
+        log.info("shutting down: draining requests, then stopping every stage")
+        await server.drain(drain_timeout_s)
+    finally:
+        await server.stop()
+        await kernel.stop()
+        for sig in installed:  # only now: a late second signal must not kill a half-stopped server
+            loop.remove_signal_handler(sig)
+        log.info("omnid stopped")

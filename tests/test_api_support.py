@@ -1,0 +1,92 @@
+"""Shared by the API tests (no tests here): a live omnid app on a free loopback port, run in a
+background thread with its own event loop, so the official synchronous `openai` client can call it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import threading
+from typing import Any
+
+import numpy as np
+
+from omni.api.app import STATE, ServerConfig, build_app
+from omni.api.server import HttpServer
+from omni.kernel.kernel import Kernel
+from omni.stages.demo import build_demo
+
+
+class LiveServer:
+    """`with LiveServer(...) as srv:` -> srv.url, srv.kernel, srv.run(coro) on the server's loop."""
+
+    def __init__(self, mode: str = "inline", max_inflight: int = 64, config: ServerConfig | None = None,
+                 stage_args: dict[str, dict[str, Any]] | None = None, info_changes: dict | None = None,
+                 extra_configs: list[ServerConfig] = ()) -> None:
+        self.mode, self.max_inflight = mode, max_inflight
+        self.config = config or ServerConfig(port=0)
+        self.stage_args = stage_args or {}
+        self.info_changes = info_changes or {}
+        self.extra_configs = list(extra_configs)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.servers: list[HttpServer] = []
+
+    def run(self, coro, timeout: float = 60.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _start(self) -> None:
+        graph, info = build_demo()
+        for stage, args in self.stage_args.items():
+            graph.stage(stage).args.update(args)
+        for key, value in self.info_changes.items():
+            setattr(info, key, value)
+        self.info = info
+        self.kernel = Kernel(graph, mode=self.mode, max_inflight=self.max_inflight)
+        await self.kernel.start()
+        for config in [self.config, *self.extra_configs]:
+            app = build_app(self.kernel, info, [s.name for s in graph.stages], config)
+            self.servers.append(await HttpServer(app, "127.0.0.1", 0).start())
+
+    async def _stop(self) -> None:
+        for server in self.servers:
+            await server.stop()
+        await self.kernel.stop()
+
+    @property
+    def url(self) -> str:
+        return self.servers[0].url
+
+    def state(self, index: int = 0):
+        return self.servers[index].app[STATE]
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        self.run(self._start())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.run(self._stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.loop.close()
+
+
+def wav_bytes(seconds: float = 0.5, rate: int = 24000, fmt: str = "WAV") -> bytes:
+    import soundfile as sf
+
+    t = np.arange(int(seconds * rate)) / rate
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), rate, format=fmt)
+    return buf.getvalue()
+
+
+def png_data_url(size: int = 4) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (size, size), (200, 10, 10)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
