@@ -127,7 +127,7 @@ async def _read_form(request: web.Request, max_file_bytes: int) -> tuple[dict[st
                 fields[part.name] = data.decode("utf-8", errors="replace")
     except ApiError:
         raise
-    except (ValueError, AssertionError, RuntimeError) as exc:  # aiohttp's errors for malformed multipart
+    except Exception as exc:  # aiohttp raises assorted types (InvalidHeader, ValueError...) for a bad body
         raise bad_request(f"malformed multipart body: {exc}", code="invalid_multipart") from None
     return fields, audio
 
