@@ -50,6 +50,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.type = type or _TYPE_BY_STATUS.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.headers: dict[str, str] = {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -91,7 +92,8 @@ def as_api_error(exc: BaseException) -> ApiError:
 
 
 def error_response(err: ApiError) -> web.Response:
-    headers = {"Retry-After": "1"} if err.status in (429, 503) else None
+    headers = {"Retry-After": "1"} if err.status in (429, 503) else {}
+    headers.update(err.headers)
     return web.Response(status=err.status, body=msgspec.json.encode(err.body()),
                         content_type="application/json", headers=headers)
 
@@ -101,8 +103,10 @@ def _from_http_exception(exc: web.HTTPException) -> ApiError:
     if status == 404:
         return ApiError(404, "no such route", code="not_found")
     if status == 405:
-        return ApiError(405, f"method not allowed; allowed: {sorted(getattr(exc, 'allowed_methods', ()))}",
-                        code="method_not_allowed")
+        allowed = sorted(getattr(exc, "allowed_methods", ()))
+        err = ApiError(405, f"method not allowed; allowed: {allowed}", code="method_not_allowed")
+        err.headers["Allow"] = ", ".join(allowed)
+        return err
     if status == 413:
         return too_large(f"request body too large: {exc.text or ''}".strip())
     return ApiError(status, exc.text or exc.reason, code=exc.reason.lower().replace(" ", "_"))
