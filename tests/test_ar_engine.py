@@ -265,6 +265,14 @@ def test_repetition_penalty_matches_transformers(models, prompts):
     with torch.no_grad():
         want = ref.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), max_new_tokens=12, do_sample=False, repetition_penalty=1.8, eos_token_id=None, pad_token_id=0)
     assert got == want[0, len(p) :].tolist()
+    # output-only penalty, as transformers applies it when generating from inputs_embeds
+    got = eng.generate([p], SamplingParams(temperature=0.0, repetition_penalty=1.8, max_tokens=12, penalty_includes_prompt=False))[0]
+    with torch.no_grad():
+        embeds = ref.model.embed_tokens(torch.tensor([p]))
+        want = ref.generate(inputs_embeds=embeds, attention_mask=torch.ones(1, len(p), dtype=torch.long), max_new_tokens=12,
+                            do_sample=False, repetition_penalty=1.8, eos_token_id=None, pad_token_id=0)
+    assert got == want[0].tolist()
+    assert got != eng.generate([p], SamplingParams(temperature=0.0, repetition_penalty=1.8, max_tokens=12))[0]
 
 
 def test_stop_ids_max_tokens_and_eos(models, prompts, reference):
@@ -331,7 +339,7 @@ def test_ar_stage_emits_tokens_hidden_and_finish(models, prompts, reference):
     ctx = StageContext(
         name="llm",
         args={"model_factory": lambda ctx: HFAdapter(models[1]), "block_size": 4, "num_blocks": 64,
-              "max_model_len": 64, "tap_layers": [0, 2]},
+              "max_model_len": 64, "tap_layers": [0, 2], "max_num_batched_tokens": 3},
         in_ports=["tokens"], out_ports=["text", "hidden"],
     )
     stage = ARStage(ctx)
@@ -346,7 +354,7 @@ def test_ar_stage_emits_tokens_hidden_and_finish(models, prompts, reference):
     stage.open("gone", {"temperature": 0.0, "max_tokens": 12})
     stage.feed("gone", "tokens", {"token_ids": prompts[1]})
     stage.close_input("gone")
-    tokens, hidden_rows, finished, errors = [], 0, [], []
+    tokens, hidden, finished, errors = [], [], [], []
     first = True
     while stage.has_work():
         emits = stage.step()
@@ -358,12 +366,26 @@ def test_ar_stage_emits_tokens_hidden_and_finish(models, prompts, reference):
                 errors.append((e.rid, e.error_kind))
             elif e.finish:
                 finished.append(e.rid)
-            elif e.port == "text":
-                assert e.rid == "a" or e.rid == "gone"
-                tokens += e.data["token_ids"] if e.rid == "a" else []
+            elif e.port == "text" and e.rid == "a":
+                tokens += e.data["token_ids"]
             elif e.port == "hidden" and e.rid == "a":
-                assert e.data["layer_0"].shape == e.data["layer_2"].shape
-                hidden_rows += e.data["layer_0"].shape[0]
+                assert e.data["layer_0"].shape == e.data["layer_2"].shape == (len(e.data["token_ids"]), 64)
+                hidden.append((e.data["tap_start"], e.data["token_ids"], e.data["prompt_len"]))
     assert tokens == reference[0] and finished == ["a"] and errors == [("bad", "invalid_request")]
-    assert hidden_rows == len(prompts[0]) + len(reference[0]) - 1
+    # the 5-token prompt was prefilled in chunks of <= 3 but its rows arrive as one chunk
+    assert hidden[0] == (0, prompts[0], len(prompts[0]))
+    assert [h[1] for h in hidden[1:]] == [[t] for t in reference[0][:-1]]
+    assert [h[0] for h in hidden[1:]] == list(range(len(prompts[0]), len(prompts[0]) + len(reference[0]) - 1))
     assert stage.stats()["free_blocks"] == 64
+
+
+def test_ar_stage_sampling_from_params(models):
+    class ThinkerLike(ARStage):
+        sampling_key = "thinker"
+
+    stage = ThinkerLike(StageContext(name="x", args={"model_factory": lambda ctx: HFAdapter(models[1]),
+                                                    "default_sampling": {"max_tokens": 3, "top_k": 5}}))
+    sp = stage.sampling_params({"temperature": 9.0, "sampling": {"thinker": {"temperature": 0.0}, "talker": {"top_k": 1}}})
+    assert (sp.temperature, sp.top_k, sp.max_tokens) == (0.0, 5, 3)
+    plain = ARStage(StageContext(name="y")).sampling_params({"temperature": 0.5, "seed": 3})
+    assert (plain.temperature, plain.seed) == (0.5, 3)

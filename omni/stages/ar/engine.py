@@ -33,6 +33,8 @@ class StepOutput:
     new_token_ids: list[int] = field(default_factory=list)
     taps: dict[int, torch.Tensor] = field(default_factory=dict)  # tap -> [n, H], positions tap_start...
     tap_start: int = 0  # position of the first row of `taps`
+    tap_token_ids: list[int] = field(default_factory=list)  # token id at each row of `taps`
+    num_prompt_tokens: int = 0
     finished: bool = False
     finish_reason: str | None = None
     extra: dict[str, Any] | None = None  # from ARModel.after_sample
@@ -116,12 +118,13 @@ class AREngine:
         for span in batch.spans:
             seq = span.seq
             seq.num_computed_tokens = span.end
-            res = results[seq.rid] = StepOutput(seq.rid)
+            res = results[seq.rid] = StepOutput(seq.rid, num_prompt_tokens=seq.num_prompt_tokens)
             if seq.return_hidden and taps and span.end > seq.num_tapped_tokens:
                 first = max(span.start, seq.num_tapped_tokens)
                 lo, hi = span.row + first - span.start, span.row + span.num_tokens
                 res.taps = {t: out.taps[t][lo:hi].clone() for t in taps}
                 res.tap_start = first
+                res.tap_token_ids = seq.token_ids(first, span.end)
                 seq.num_tapped_tokens = span.end
         for i, span in enumerate(sampling):
             res = results[span.seq.rid]

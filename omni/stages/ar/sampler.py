@@ -51,7 +51,8 @@ class Sampler:
     def _sample_one(self, logits: torch.Tensor, seq: Sequence) -> int:
         p = seq.params
         if p.repetition_penalty != 1.0:
-            apply_repetition_penalty(logits, seq.all_token_ids(), p.repetition_penalty)
+            seen = seq.all_token_ids() if p.penalty_includes_prompt else seq.output_token_ids
+            apply_repetition_penalty(logits, seen, p.repetition_penalty)
         if p.suppress_token_ids:
             ids = torch.tensor([t for t in p.suppress_token_ids if 0 <= t < logits.shape[-1]], dtype=torch.long)
             logits[ids.to(logits.device)] = float("-inf")

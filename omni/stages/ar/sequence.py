@@ -28,6 +28,7 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     repetition_penalty: float = 1.0  # over prompt and output tokens, as transformers does
+    penalty_includes_prompt: bool = True  # False: output tokens only (transformers with inputs_embeds)
     seed: int | None = None
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()  # always stop (the stop token is returned)

@@ -5,13 +5,17 @@ chunks extend it, any other key is kept as an extra model input); `close_input` 
 it to the engine (a request whose params already hold `prompt_token_ids` and that has
 no inbound edge is submitted at `open`). Each `step` emits, per request:
 
-- port `hidden` (when tapping): {"tap_start": first position, "layer_<i>": [n, H] tensor...}
+- port `hidden` (when tapping): {"tap_start": first position, "token_ids": [n ids],
+  "prompt_len": P, "layer_<i>": [n, H] tensor...}, one row per processed token. The
+  prompt's rows come as one chunk (buffered across prefill chunks), then one per token.
 - port `text`: {"token_ids": [new ids], "finish_reason"?: "stop" | "length", **extra}
 - then `Emit(rid, finish=True)` when the request is done.
 
 Model families subclass it and override `build_model` (and, if they need to, `submit`).
+
 Engine settings come from `ctx.args` (see `EngineConfig`); sampling from the request's
-params, at top level or, with `param_prefix` (e.g. "talker_"), from prefixed keys.
+params: `params["sampling"][sampling_key]` when the stage sets `sampling_key` (the API's
+convention: "thinker", "talker"), else top-level keys (prefixed with `param_prefix`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
@@ -48,12 +54,14 @@ class ARStage(Stage):
     text_port = "text"
     hidden_port = "hidden"
     param_prefix = ""
+    sampling_key: str | None = None
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
         self.engine: AREngine | None = None
         self._pending: dict[str, _Pending] = {}
         self._errors: list[Emit] = []
+        self._prompt_taps: dict[str, list[StepOutput]] = {}  # prompt rows not yet emitted
 
     # ---- set-up ---------------------------------------------------------------------
     def build_model(self) -> ARModel:
@@ -97,6 +105,7 @@ class ARStage(Stage):
 
     def abort(self, rid: str) -> None:
         self._pending.pop(rid, None)
+        self._prompt_taps.pop(rid, None)
         if self.engine is not None:
             self.engine.abort(rid)
 
@@ -121,7 +130,10 @@ class ARStage(Stage):
     def sampling_params(self, params: dict[str, Any]) -> SamplingParams:
         merged = dict(self.ctx.args.get("default_sampling", {}))
         n = len(self.param_prefix)
-        merged.update({k[n:]: v for k, v in params.items() if k.startswith(self.param_prefix)})
+        if self.sampling_key is not None:
+            merged.update((params.get("sampling") or {}).get(self.sampling_key) or {})
+        else:
+            merged.update({k[n:]: v for k, v in params.items() if k.startswith(self.param_prefix)})
         return SamplingParams.from_dict(merged)
 
     def wants_hidden(self, params: dict[str, Any]) -> bool:
@@ -137,9 +149,9 @@ class ARStage(Stage):
     def emits_for(self, out: StepOutput) -> list[Emit]:
         emits = []
         if out.taps and self._port_on(self.hidden_port):
-            data: dict[str, Any] = {"tap_start": out.tap_start}
-            data.update({f"layer_{t}": h.detach().cpu() for t, h in out.taps.items()})
-            emits.append(Emit(out.rid, self.hidden_port, data))
+            hidden = self._hidden_chunk(out)
+            if hidden is not None:
+                emits.append(Emit(out.rid, self.hidden_port, hidden))
         if out.new_token_ids or out.finished:
             data = {"token_ids": list(out.new_token_ids)}
             if out.finish_reason:
@@ -150,6 +162,25 @@ class ARStage(Stage):
         if out.finished:
             emits.append(Emit(out.rid, finish=True))
         return emits
+
+    def _hidden_chunk(self, out: StepOutput) -> dict[str, Any] | None:
+        """The taps as one chunk, or None while the prompt's rows are still arriving."""
+        parts = [out]
+        if out.tap_start < out.num_prompt_tokens or out.rid in self._prompt_taps:
+            parts = self._prompt_taps.setdefault(out.rid, [])
+            parts.append(out)
+            if out.tap_start + len(out.tap_token_ids) < out.num_prompt_tokens:
+                return None
+            del self._prompt_taps[out.rid]
+        data: dict[str, Any] = {
+            "tap_start": parts[0].tap_start,
+            "token_ids": [t for p in parts for t in p.tap_token_ids],
+            "prompt_len": out.num_prompt_tokens,
+        }
+        for t in out.taps:
+            rows = [p.taps[t] for p in parts]
+            data[f"layer_{t}"] = (rows[0] if len(rows) == 1 else torch.cat(rows)).detach().cpu()
+        return data
 
     def _port_on(self, port: str) -> bool:
         return not self.ctx.out_ports or port in self.ctx.out_ports
