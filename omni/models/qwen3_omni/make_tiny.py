@@ -10,6 +10,7 @@ summing to head_dim / 2, and an init range wide enough that greedy outputs are n
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -28,6 +29,29 @@ CODEC_OFFSETS = {
     "codec_think_eos_id": 109,
 }
 SPEAKER_OFFSETS = {"chelsie": 253, "ethan": 254, "aiden": 255}
+
+# The published layout of preprocessor_config.json, with a small pixel budget
+# (4..64 patches of 16x16 per image) so tiny tests stay fast.
+PREPROCESSOR_CONFIG = {
+    "feature_extractor_type": "WhisperFeatureExtractor",
+    "feature_size": 128,
+    "sampling_rate": 16000,
+    "hop_length": 160,
+    "n_fft": 400,
+    "chunk_length": 30,
+    "padding_value": 0.0,
+    "return_attention_mask": True,
+    "dither": 0.0,
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "patch_size": 16,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+    "min_pixels": 32 * 32,
+    "max_pixels": 128 * 128,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "Qwen3OmniMoeProcessor",
+}
 
 
 def build_config(preset: TinyPreset):
@@ -191,6 +215,7 @@ def make_tiny(out_dir: str | Path, seed: int = 0, preset: str = "tiny-a") -> Pat
     model.generation_config = GenerationConfig(eos_token_id=token_ids()["<|im_end|>"])
     model.save_pretrained(str(out), safe_serialization=True)
     save_tokenizer(out)
+    (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n")
     return out
 
 

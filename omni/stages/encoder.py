@@ -1,0 +1,146 @@
+"""The encoder stage: batches the pending inputs of many requests into one forward.
+
+A request's inputs arrive as chunks (one per audio / image, any port) and are encoded once
+its input has ended. Each step runs one forward over up to `max_batch` inputs that share a
+batch key (inputs with equal keys give the same outputs batched or alone), then emits every
+finished request's outputs, in input order, and ends it. An optional LRU cache keyed by a
+hash of the input's content skips inputs seen before (the same image in many requests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from omni.kernel.stage import Emit, Stage, StageContext
+
+
+class BatchEncoder(Protocol):
+    """What the stage needs of a model: torch stays inside it."""
+
+    def batch_key(self, item: dict[str, Any]) -> Hashable: ...
+
+    def encode(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One output dict (arrays and small values) per input item, in order."""
+        ...
+
+
+def content_hash(item: dict[str, Any]) -> str:
+    """A digest of every array's dtype, shape and bytes and every other value's repr."""
+    h = hashlib.blake2b(digest_size=20)
+    for key in sorted(item):
+        value = item[key]
+        h.update(key.encode())
+        if isinstance(value, np.ndarray):
+            h.update(f"{value.dtype}{value.shape}".encode())
+            h.update(np.ascontiguousarray(value).tobytes())
+        else:
+            h.update(repr(value).encode())
+    return h.hexdigest()
+
+
+@dataclass
+class EncoderRequest:
+    items: list[dict[str, Any]] = field(default_factory=list)
+    hashes: list[str] = field(default_factory=list)  # filled only when the cache is on
+    outputs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    closed: bool = False
+
+    def done(self) -> bool:
+        return self.closed and len(self.outputs) == len(self.items)
+
+
+class EncoderStage(Stage):
+    """args: max_batch (default 16), cache_size (entries, default 0 = off), out_port (default
+    the first outgoing port, or "out"). Subclasses provide the model in `build_encoder`."""
+
+    def __init__(self, ctx: StageContext, encoder: BatchEncoder | None = None) -> None:
+        super().__init__(ctx)
+        self.encoder = encoder
+        self.max_batch = max(1, int(ctx.args.get("max_batch", 16)))
+        self.cache_size = max(0, int(ctx.args.get("cache_size", 0)))
+        self.out_port = ctx.args.get("out_port") or (ctx.out_ports[0] if ctx.out_ports else "out")
+        self.cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.requests: dict[str, EncoderRequest] = {}
+        self.forwards = 0
+        self.encoded = 0
+        self.cache_hits = 0
+
+    def build_encoder(self) -> BatchEncoder:
+        raise NotImplementedError("pass an encoder or override build_encoder")
+
+    def setup(self) -> None:
+        if self.encoder is None:
+            self.encoder = self.build_encoder()
+
+    def open(self, rid: str, params: dict[str, Any]) -> None:
+        self.requests[rid] = EncoderRequest()
+
+    def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
+        item = {k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v) for k, v in data.items()}
+        self.encoder.batch_key(item)  # rejects malformed inputs now, not in a batch
+        req = self.requests[rid]
+        req.items.append(item)
+        if self.cache_size:
+            key = content_hash(item)
+            req.hashes.append(key)
+            if key in self.cache:
+                self.cache.move_to_end(key)
+                req.outputs[len(req.items) - 1] = self.cache[key]
+                self.cache_hits += 1
+
+    def close_input(self, rid: str) -> None:
+        self.requests[rid].closed = True
+
+    def abort(self, rid: str) -> None:
+        self.requests.pop(rid, None)
+
+    def has_work(self) -> bool:
+        return any(r.closed for r in self.requests.values())
+
+    def backlog(self) -> int:
+        return sum(len(r.items) - len(r.outputs) for r in self.requests.values())
+
+    def step(self) -> list[Emit]:
+        pending = [(rid, i, item) for rid, r in self.requests.items() if r.closed
+                   for i, item in enumerate(r.items) if i not in r.outputs]
+        if pending:
+            groups: dict[Hashable, list[tuple[str, int, dict]]] = {}
+            for entry in pending:
+                groups.setdefault(self.encoder.batch_key(entry[2]), []).append(entry)
+            batch = max(groups.values(), key=len)[: self.max_batch]
+            outputs = self.encoder.encode([item for _, _, item in batch])
+            self.forwards += 1
+            self.encoded += len(batch)
+            for (rid, i, _), out in zip(batch, outputs):
+                req = self.requests[rid]
+                req.outputs[i] = out
+                if self.cache_size:
+                    self._remember(req.hashes[i], out)
+        return self._finish_done()
+
+    def stats(self) -> dict[str, Any]:
+        return {"running": len(self.requests), "pending_inputs": self.backlog(), "forwards": self.forwards,
+                "encoded": self.encoded, "cache_hits": self.cache_hits, "cache_entries": len(self.cache)}
+
+    def _remember(self, key: str, out: dict[str, Any]) -> None:
+        self.cache[key] = out
+        self.cache.move_to_end(key)
+        while len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+
+    def _finish_done(self) -> list[Emit]:
+        emits: list[Emit] = []
+        for rid in [rid for rid, r in self.requests.items() if r.done()]:
+            r = self.requests.pop(rid)
+            n = len(r.items)
+            if n == 0:
+                emits.append(Emit(rid, finish=True))
+            for i in range(n):
+                emits.append(Emit(rid, self.out_port, {**r.outputs[i], "index": i}, finish=i == n - 1))
+        return emits
