@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_args(serve)
     tiny = sub.add_parser("make-tiny", help="write a tiny random Qwen3-Omni checkpoint (for tests)")
     tiny.add_argument("dir", help="output directory")
+    tiny.add_argument("--preset", default=None, help="size preset of the tiny model")
+    tiny.add_argument("--seed", type=int, default=0)
     sub.add_parser("plugins", help="list installed omni plugins and what they provide")
     return parser
 
@@ -148,7 +150,11 @@ def make_tiny(args: argparse.Namespace) -> None:
         from omni.models.qwen3_omni.make_tiny import make_tiny as make
     except ImportError as exc:
         raise CliError(f"make-tiny is not available in this build: {exc}") from None
-    path = make(args.dir)
+    options = {"seed": args.seed, **({"preset": args.preset} if args.preset else {})}
+    try:
+        path = make(args.dir, **options)
+    except (ValueError, KeyError, OSError) as exc:
+        raise CliError(f"make-tiny failed: {exc}") from None
     _say(f"omnid: wrote a tiny random Qwen3-Omni to {path or args.dir}")
 
 
