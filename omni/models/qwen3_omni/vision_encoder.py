@@ -148,7 +148,7 @@ class VisionEncoder(nn.Module):
         embeds, rows_all, cols_all = [], [], []
         s = self.side
         for t, h, w in grids:
-            rows, cols = block_order_rows_cols(h, w, self.cfg.spatial_merge_size)
+            rows, cols = (a.to(device) for a in block_order_rows_cols(h, w, self.cfg.spatial_merge_size))
             y = rows.float() * (s - 1) / max(h - 1, 1)
             xx = cols.float() * (s - 1) / max(w - 1, 1)
             y0, x0 = y.floor().long(), xx.floor().long()
@@ -160,7 +160,7 @@ class VisionEncoder(nn.Module):
             embeds.append(emb.repeat(t, 1))
             rows_all.append(rows.repeat(t))
             cols_all.append(cols.repeat(t))
-        rows, cols = torch.cat(rows_all).to(device), torch.cat(cols_all).to(device)
+        rows, cols = torch.cat(rows_all), torch.cat(cols_all)
         freqs = torch.cat([rows[:, None].float() * self.inv_freq, cols[:, None].float() * self.inv_freq], dim=-1)
         freqs = torch.cat([freqs, freqs], dim=-1)[:, None, :]  # [n, 1 (heads), head_dim]
         return torch.cat(embeds), freqs.cos(), freqs.sin()
