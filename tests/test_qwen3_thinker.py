@@ -12,7 +12,9 @@ transformers = pytest.importorskip("transformers")
 from omni.kernel.errors import InvalidRequest  # noqa: E402
 from omni.models.qwen3_omni.make_tiny import make_tiny  # noqa: E402
 from omni.models.qwen3_omni.rope import VisionGrid, rope_index  # noqa: E402
+from omni.kernel.stage import StageContext  # noqa: E402
 from omni.models.qwen3_omni.thinker import Qwen3OmniThinker  # noqa: E402
+from omni.models.qwen3_omni.thinker_stage import ThinkerStage  # noqa: E402
 from omni.models.qwen3_omni.tokenizer_offline import token_ids  # noqa: E402
 from omni.stages.ar.config import EngineConfig  # noqa: E402
 from omni.stages.ar.engine import AREngine  # noqa: E402
@@ -41,7 +43,7 @@ def _vision(token: str, n: int) -> list[int]:
 def pair(request, tmp_path_factory):
     ckpt = make_tiny(tmp_path_factory.mktemp(request.param), seed=3, preset=request.param)
     hf = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(ckpt)).eval()
-    return hf, Qwen3OmniThinker.from_checkpoint(ckpt)
+    return hf, Qwen3OmniThinker.from_checkpoint(ckpt), ckpt
 
 
 def _multimodal_case(hf, seed: int):
@@ -104,7 +106,7 @@ def _run(thinker, requests, taps, budget):
 
 
 def test_text_and_multimodal_match_transformers(pair):
-    hf, thinker = pair
+    hf, thinker, _ = pair
     layers = thinker.cfg.text.num_layers
     accept = hf.config.talker_config.accept_hidden_layer
     taps = tuple(sorted({0, accept, layers}))
@@ -126,7 +128,7 @@ def test_text_and_multimodal_match_transformers(pair):
 
 
 def test_rope_index_matches_transformers(pair):
-    hf, thinker = pair
+    hf, thinker, _ = pair
     prompt, kw, _ = _multimodal_case(hf, seed=1)
     ids = torch.tensor([prompt])
     audio_lens = kw["feature_attention_mask"].sum(-1)
@@ -138,7 +140,7 @@ def test_rope_index_matches_transformers(pair):
 
 
 def test_weights_from_transformers_state_dict_and_bad_inputs(pair):
-    hf, thinker = pair
+    hf, thinker, _ = pair
     other = Qwen3OmniThinker(thinker.cfg)
     other.load_weights(hf.state_dict())  # transformers' module names, stacked experts
     for name, tensor in thinker.state_dict().items():
@@ -152,3 +154,38 @@ def test_weights_from_transformers_state_dict_and_bad_inputs(pair):
     with pytest.raises(InvalidRequest):
         eng.add_request("c", _chat(list(b"hi")), inputs={"pixels": [1]})
     assert eng.stats()["waiting"] == 0
+
+
+def test_thinker_stage_streams_tokens_and_taps(pair):
+    hf, _, ckpt = pair
+    accept = hf.config.talker_config.accept_hidden_layer
+    prompt, hf_kwargs, inputs = _multimodal_case(hf, seed=9)
+    ref_tokens, ref_hidden = _reference(hf, prompt, **hf_kwargs)
+    ctx = StageContext(name="thinker", args={"model_dir": str(ckpt), "block_size": 4, "num_blocks": 64,
+                                             "max_model_len": 128, "max_num_batched_tokens": 8},
+                       in_ports=["tokens", "audio", "vision"], out_ports=["text", "hidden"])
+    stage = ThinkerStage(ctx)
+    stage.setup()
+    stage.open("r", {"sampling": {"thinker": {"temperature": 0.0, "max_tokens": MAX_NEW}}})
+    stage.feed("r", "tokens", {"token_ids": prompt[:7]})
+    stage.feed("r", "audio", {"audio_embeds": inputs["audio_embeds"]})
+    for key in ("image", "video"):  # vision outputs arrive one chunk per item
+        chunk = {k: v for k, v in inputs.items() if k.startswith(key)}
+        stage.feed("r", "vision", chunk)
+    stage.feed("r", "tokens", {"token_ids": prompt[7:]})
+    stage.close_input("r")
+    tokens, layer0, layer_acc, done = [], [], [], False
+    while stage.has_work():
+        for e in stage.step():
+            assert e.error is None
+            if e.finish:
+                done = True
+            elif e.port == "text":
+                tokens += e.data["token_ids"]
+            else:
+                layer0.append(e.data["layer_0"])
+                layer_acc.append(e.data[f"layer_{accept}"])
+    assert done and tokens == ref_tokens
+    assert layer0[0].shape[0] == len(prompt)  # the prompt's rows in one chunk
+    torch.testing.assert_close(torch.cat(layer0), ref_hidden[0], atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.cat(layer_acc), ref_hidden[accept], atol=2e-4, rtol=1e-4)

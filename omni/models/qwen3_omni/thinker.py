@@ -48,11 +48,24 @@ def _tensor(value: Any, dtype: torch.dtype, device) -> torch.Tensor:
     return t.to(device=device, dtype=dtype)
 
 
+def _flat(value: Any, dtype) -> np.ndarray:
+    """Every number of an array, tensor, nested list, or list of those, flattened in order."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy().astype(dtype).reshape(-1)
+    if isinstance(value, (list, tuple)):
+        parts = [_flat(v, dtype) for v in value]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype)
+    return np.asarray(value, dtype=dtype).reshape(-1)
+
+
 def _grids(value: Any, seconds: Any = None) -> list[VisionGrid]:
     if value is None:
         return []
-    rows = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value, dtype=np.int64).reshape(-1, 3)
-    secs = [1.0] * len(rows) if seconds is None else np.asarray(seconds, dtype=np.float64).reshape(-1).tolist()
+    rows = _flat(value, np.int64)
+    if rows.size % 3:
+        raise InvalidRequest(f"grid_thw must have 3 numbers per image or video, got {rows.size}")
+    rows = rows.reshape(-1, 3)
+    secs = [1.0] * len(rows) if seconds is None else _flat(seconds, np.float64).tolist()
     if len(secs) != len(rows):
         raise InvalidRequest(f"{len(rows)} video grids but {len(secs)} seconds-per-grid values")
     return [VisionGrid(int(t), int(h), int(w), float(s)) for (t, h, w), s in zip(rows, secs)]

@@ -41,7 +41,7 @@ class _Pending:
     inputs: dict[str, Any] = field(default_factory=dict)
 
 
-def _copy(value: Any) -> Any:
+def copy_input(value: Any) -> Any:
     """Arrays handed to `feed` are only valid during the call."""
     if hasattr(value, "clone"):
         return value.clone()
@@ -97,7 +97,7 @@ class ARStage(Stage):
             if key == "token_ids":
                 pending.token_ids.extend(int(t) for t in value)
             else:
-                pending.inputs[key] = _copy(value)
+                pending.inputs[key] = copy_input(value)
 
     def close_input(self, rid: str) -> None:
         if rid in self._pending:

@@ -1,0 +1,63 @@
+"""`ThinkerStage`: the Qwen3-Omni thinker as a stage on the built-in AR engine.
+
+args: `model_dir` (a Qwen3-Omni checkpoint) or, in-process, `model` (a built
+`Qwen3OmniThinker`); `dtype` ("float32", "bfloat16", ...); any `EngineConfig` field.
+Defaults: EOS = `<|im_end|>`; hidden-state taps 0 and the talker's `accept_hidden_layer`
+when the checkpoint has a talker and the stage has a `hidden` output port.
+
+Per request: the prompt comes from `params["prompt_token_ids"]` and/or `token_ids` chunks;
+encoder outputs arrive as chunks with the keys `Qwen3OmniThinker.prepare` takes
+(`audio_embeds`, `image_embeds`, `image_grid_thw`, `image_deepstack`, `video_*`); a key
+that arrives in several chunks (several audios or images) is concatenated in arrival
+order, which must be prompt order. Sampling: `params["sampling"]["thinker"]`.
+Emits as `ARStage`: `text` token ids, `hidden` taps ("layer_0", "layer_<accept>").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni.kernel.stage import StageContext
+from omni.models.qwen3_omni.config import load_config
+from omni.models.qwen3_omni.thinker import Qwen3OmniThinker
+from omni.stages.ar.config import EngineConfig
+from omni.stages.ar.stage import ARStage, copy_input
+
+
+class ThinkerStage(ARStage):
+    sampling_key = "thinker"
+
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        self.full_config = load_config(ctx.args["model_dir"]) if ctx.args.get("model_dir") else None
+
+    def build_model(self) -> Qwen3OmniThinker:
+        args = self.ctx.args
+        if args.get("model") is not None:
+            return args["model"]
+        if not args.get("model_dir"):
+            return super().build_model()
+        dtype = getattr(torch, args.get("dtype") or "float32")
+        return Qwen3OmniThinker.from_checkpoint(args["model_dir"], device=self.ctx.device, dtype=dtype)
+
+    def engine_config(self) -> EngineConfig:
+        args = dict(self.ctx.args)
+        args.setdefault("device", self.ctx.device)
+        cfg = self.full_config
+        if cfg is not None:
+            args.setdefault("eos_token_ids", (cfg.im_end_token_id,))
+            if cfg.talker is not None and self.hidden_port in self.ctx.out_ports:
+                args.setdefault("tap_layers", (0, cfg.talker.accept_hidden_layer))
+        return EngineConfig.from_dict(args)
+
+    def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
+        pending = self._pending.get(rid)
+        if pending is None:
+            return
+        for key, value in data.items():
+            if key == "token_ids":
+                pending.token_ids.extend(int(t) for t in value)
+            else:
+                pending.inputs.setdefault(key, []).append(copy_input(value))
