@@ -11,7 +11,7 @@ import openai
 import pytest
 import requests
 
-from omni.api.app import build_app
+from omni.api.app import ServerConfig, build_app
 from omni.api.server import HttpServer
 from omni.kernel.registry import ModelInfo
 from test_api_support import LiveServer
@@ -43,8 +43,16 @@ def stages_idle(server) -> bool:
 
 @pytest.fixture(scope="module")
 def inline_server():
-    with LiveServer(mode="inline", max_inflight=1, stage_args=SLOW) as srv:
+    short_deadline = ServerConfig(port=0, request_timeout_s=0.3)
+    with LiveServer(mode="inline", max_inflight=1, stage_args=SLOW, extra_configs=[short_deadline]) as srv:
         yield srv
+
+
+def test_deadline_is_504_and_frees_state(inline_server):
+    r = requests.post(inline_server.servers[1].url + "/v1/chat/completions", json=long_chat(stream=False),
+                      timeout=10)
+    assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded"
+    wait_for(lambda: stages_idle(inline_server), timeout=3.0)
 
 
 def test_overloaded_is_429_and_disconnect_frees_it(inline_server):

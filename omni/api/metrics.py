@@ -17,6 +17,9 @@ _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0, 8.0)
 _TPS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
 
 
+_SKIP = {"time"}  # stage fields that are not measurements
+
+
 class _StageCollector:
     """Turns the last `kernel.stats()` snapshot into gauges (and a restarts counter) per stage."""
 
@@ -27,7 +30,7 @@ class _StageCollector:
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
         for stage, fields in sorted(self.snapshot.items()):
             for key, value in sorted((fields or {}).items()):
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or key in _SKIP:
                     continue
                 name = "omni_stage_" + re.sub(r"[^a-zA-Z0-9_]", "_", key).strip("_").lower()
                 if name not in families:
