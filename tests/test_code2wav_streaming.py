@@ -155,6 +155,8 @@ def test_vocoder_stage_abort_and_errors(pair):
     with pytest.raises(InvalidRequest):
         stage.feed("y", "codes", {"codes": np.zeros((3, model.num_groups + 1), dtype=np.int64)})
     with pytest.raises(InvalidRequest):
+        stage.feed("y", "codes", {"codes": np.full((2, model.num_groups), model.codebook_size)})
+    with pytest.raises(InvalidRequest):
         stage.open("z", {"vocoder_chunk_frames": 0})
     stage.close_input("y")
     emits = stage.step()

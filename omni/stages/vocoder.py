@@ -22,6 +22,7 @@ class StreamingCodec(Protocol):
 
     sample_rate: int
     num_groups: int
+    codebook_size: int
 
     def new_stream(self) -> Any: ...
 
@@ -93,6 +94,8 @@ class VocoderStage(Stage):
             codes = codes[None]
         if codes.ndim != 2 or codes.shape[1] != self.codec.num_groups:
             raise InvalidRequest(f"codes must be [n_frames, {self.codec.num_groups}], got {list(codes.shape)}")
+        if codes.size and (codes.min() < 0 or codes.max() >= self.codec.codebook_size):
+            raise InvalidRequest(f"codes must lie in [0, {self.codec.codebook_size})")
         if req.closed:
             raise InvalidRequest(f"codes for {rid} after its input ended")
         if len(codes):

@@ -94,6 +94,10 @@ class Code2Wav(nn.Module):
         return self.cfg.sample_rate
 
     @property
+    def codebook_size(self) -> int:
+        return self.cfg.codebook_size
+
+    @property
     def num_groups(self) -> int:
         return self.cfg.num_quantizers
 
