@@ -178,3 +178,27 @@ def test_health_metrics_openapi(client, server):
     doc = requests.get(server.url + "/openapi.json", timeout=10).json()
     assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/audio/speech", "/v1/audio/transcriptions",
                                  "/v1/models", "/v1/models/{model}", "/health", "/metrics", "/openapi.json"}
+
+
+@pytest.fixture(scope="module")
+def transcriber():
+    """The demo marked as transcribing: it "transcribes" by answering the form's prompt."""
+    with LiveServer(mode="inline", info_changes={"transcribes": True}) as srv:
+        yield srv
+
+
+def test_transcription_formats(transcriber):
+    client = openai.OpenAI(base_url=transcriber.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    audio = ("a.flac", wav_bytes(1.25, fmt="FLAC"), "audio/flac")
+    plain = client.audio.transcriptions.create(model=MODEL, file=audio, prompt="words")
+    assert len(plain.text) > 0
+    text = client.audio.transcriptions.create(model=MODEL, file=audio, prompt="words", response_format="text")
+    assert text.strip() == plain.text
+    verbose = client.audio.transcriptions.create(model=MODEL, file=audio, prompt="words", language="en",
+                                                 response_format="verbose_json")
+    assert verbose.text == plain.text and verbose.language == "en" and verbose.duration == pytest.approx(1.25)
+    assert verbose.segments[0].end == pytest.approx(1.25)
+    srt = client.audio.transcriptions.create(model=MODEL, file=audio, prompt="words", response_format="srt")
+    assert srt.splitlines()[:3] == ["1", "00:00:00,000 --> 00:00:01,250", plain.text]
+    vtt = client.audio.transcriptions.create(model=MODEL, file=audio, prompt="words", response_format="vtt")
+    assert vtt.startswith("WEBVTT") and "00:00:00.000 --> 00:00:01.250" in vtt

@@ -89,7 +89,7 @@ def load_model(args: argparse.Namespace):
             apply_overrides(graph, overrides)
     except CliError:
         raise
-    except (ValueError, OSError, KeyError) as exc:  # GraphError is a ValueError
+    except (ValueError, OSError, KeyError, ImportError) as exc:  # GraphError is a ValueError
         raise CliError(f"cannot load the model: {exc}") from None
     return graph, info
 

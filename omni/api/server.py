@@ -35,9 +35,8 @@ class HttpServer:
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.host, self.port, reuse_address=True)
         await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        if sockets:
-            self.port = sockets[0].getsockname()[1]
+        if self.runner.addresses:  # the port actually bound (port 0 asks for a free one)
+            self.port = self.runner.addresses[0][1]
         return self
 
     async def drain(self, timeout_s: float) -> bool:
