@@ -389,3 +389,20 @@ def test_ar_stage_sampling_from_params(models):
     assert (sp.temperature, sp.top_k, sp.max_tokens) == (0.0, 5, 3)
     plain = ARStage(StageContext(name="y")).sampling_params({"temperature": 0.5, "seed": 3})
     assert (plain.temperature, plain.seed) == (0.5, 3)
+
+
+def test_no_work_while_parked_sequences_hold_the_blocks(models, prompts, reference):
+    model = ParkingAdapter(models[1])
+    eng = AREngine(model, EngineConfig(block_size=4, num_blocks=16, max_model_len=64))
+    eng.add_request("a", prompts[3], GREEDY)  # 17 tokens: 5 blocks
+    eng.add_request("b", prompts[6], GREEDY)  # 13 tokens: 4 blocks
+    eng.step()
+    eng.add_request("c", list(range(40)), GREEDY)  # needs 10 blocks, 7 are free
+    assert not eng.has_work() and eng.step() == []  # nothing to do: the actor may sleep
+    tokens = {"a": [], "b": [], "c": []}
+    while eng.has_unfinished():
+        if not eng.has_work():
+            model.parked.clear()
+        for o in eng.step():
+            tokens[o.rid] += o.new_token_ids
+    assert tokens["a"] == reference[3][1:] and tokens["b"] == reference[6][1:] and len(tokens["c"]) == GREEDY.max_tokens

@@ -76,10 +76,22 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def has_ready(self) -> bool:
-        """True when `schedule` would schedule something (cheap, no side effects)."""
-        return any(self.ready(s) for s in self.running) or (
-            len(self.running) < self.max_num_seqs and any(self.ready(s) for s in self.waiting)
-        )
+        """True when `schedule` would schedule something now (no side effects).
+
+        Mirrors `schedule`'s admission rule, so an engine whose blocks are all held by
+        parked sequences reports no work instead of spinning.
+        """
+        if any(self.ready(s) for s in self.running):
+            return True
+        if len(self.running) >= self.max_num_seqs:
+            return False
+        for seq in self.waiting:
+            if self.ready(seq):
+                n = min(seq.num_uncomputed_tokens, self.max_num_batched_tokens)
+                if not self.chunked_prefill and seq.num_uncomputed_tokens > self.max_num_batched_tokens:
+                    return False
+                return self.blocks.can_allocate(seq, n)
+        return False
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
