@@ -1,0 +1,132 @@
+"""The talker's code predictor: a small dense decoder that fills code groups 1..G-1 of a frame.
+
+Per talker step and per sequence it runs its own short autoregressive loop: prefill with
+[talker's last hidden state, embedding of code 0], then one token per remaining group, group
+`g` read by `lm_head[g-1]` and fed back through `codec_embedding[g-1]`. The loop is at most
+G+1 tokens long and every sequence of a batch is at the same point, so it runs batched over
+the talker's running sequences with a small dense KV cache that lives for one call.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omni.models.qwen3_omni.config import DecoderConfig
+from omni.models.qwen3_omni.talker_layers import QKVProjection, RMSNorm, SwiGLU, load_weights, rope_cos_sin, rope_inv_freq
+
+# Sampling used by transformers for the code predictor when the talker samples.
+PREDICTOR_TOP_K = 50
+PREDICTOR_TOP_P = 0.8
+
+
+class _Layer(nn.Module):
+    def __init__(self, s: DecoderConfig) -> None:
+        super().__init__()
+        bias = bool(s.raw.get("attention_bias", False))
+        self.self_attn = QKVProjection(s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps, bias)
+        self.mlp = SwiGLU(s.hidden_size, s.intermediate_size)
+        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list[torch.Tensor]) -> torch.Tensor:
+        """`x` [B, T, H]; `cache` is [k, v] ([B, kv_heads, past, hd]) or empty, extended in place."""
+        attn = self.self_attn
+        q, k, v = attn.qkv(self.input_layernorm(x), cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cache:
+            k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
+        cache[:] = [k, v]
+        t = q.shape[2]
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=t > 1, enable_gqa=attn.heads != attn.kv_heads, scale=attn.head_dim**-0.5
+        )
+        x = x + attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class _Inner(nn.Module):
+    """Holds `layers`, `norm`, `codec_embedding` under the checkpoint's `model.` prefix."""
+
+    def __init__(self, s: DecoderConfig, num_code_groups: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Layer(s) for _ in range(s.num_layers))
+        self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.codec_embedding = nn.ModuleList(nn.Embedding(s.vocab_size, s.hidden_size) for _ in range(num_code_groups - 1))
+
+
+# (logits [B, V], group index) -> codes [B]
+CodeSampler = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+class CodePredictor(nn.Module):
+    def __init__(self, spec: DecoderConfig, num_code_groups: int) -> None:
+        super().__init__()
+        if spec.hidden_act != "silu":
+            raise ValueError(f"code predictor hidden_act {spec.hidden_act!r} is not supported (silu only)")
+        if num_code_groups < 2:
+            raise ValueError(f"num_code_groups must be >= 2, got {num_code_groups}")
+        self.spec, self.num_code_groups = spec, num_code_groups
+        self.model = _Inner(spec, num_code_groups)
+        self.lm_head = nn.ModuleList(
+            nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) for _ in range(num_code_groups - 1)
+        )
+        self.register_buffer("inv_freq", rope_inv_freq(spec.head_dim, spec.rope_theta), persistent=False)
+
+    def load(self, tensors, prefix: str = "code_predictor.") -> None:
+        load_weights(self, tensors, prefix)
+
+    @torch.no_grad()
+    def predict(self, past_hidden: torch.Tensor, code0_embed: torch.Tensor, sample: CodeSampler) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codes of groups 1..G-1 for a batch, and the embeddings of those codes.
+
+        `past_hidden`, `code0_embed`: [B, H]. Returns codes [B, G-1] (int64) and
+        embeddings [B, G-1, H] (`codec_embedding[g-1](code_g)`), which the talker sums
+        into its next input.
+        """
+        groups = self.num_code_groups
+        x = torch.stack((past_hidden, code0_embed), dim=1)
+        caches: list[list[torch.Tensor]] = [[] for _ in self.model.layers]
+        codes, embeds = [], []
+        pos = 0
+        for g in range(groups - 1):
+            positions = torch.arange(pos, pos + x.shape[1], device=x.device)
+            cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+            h = x
+            for layer, cache in zip(self.model.layers, caches):
+                h = layer(h, cos, sin, cache)
+            pos += x.shape[1]
+            logits = self.lm_head[g](self.model.norm(h[:, -1]))
+            code = sample(logits, g + 1)
+            codes.append(code)
+            emb = self.model.codec_embedding[g](code)
+            embeds.append(emb)
+            x = emb[:, None]
+        return torch.stack(codes, dim=1), torch.stack(embeds, dim=1)
+
+
+def greedy_codes(logits: torch.Tensor, group: int) -> torch.Tensor:
+    return torch.argmax(logits, dim=-1)
+
+
+def sample_codes(logits: torch.Tensor, generators: list[torch.Generator | None], greedy: list[bool]) -> torch.Tensor:
+    """Per-row draw as transformers' code predictor does when sampling: top-k 50, top-p 0.8, T=1."""
+    out = torch.argmax(logits, dim=-1)
+    for row, is_greedy in enumerate(greedy):
+        if is_greedy:
+            continue
+        scores = logits[row].float()
+        k = min(PREDICTOR_TOP_K, scores.shape[-1])
+        kth = torch.topk(scores, k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+        sorted_scores, order = torch.sort(scores, descending=False)
+        cum = sorted_scores.softmax(-1).cumsum(-1)
+        drop = cum <= 1 - PREDICTOR_TOP_P
+        drop[-1] = False
+        scores = scores.masked_fill(drop.scatter(0, order, drop), float("-inf"))
+        probs = scores.softmax(-1)
+        out[row] = torch.multinomial(probs, 1, generator=generators[row]).squeeze(0)
+    return out
