@@ -16,7 +16,7 @@ from omni.stages.ar.block_manager import BlockManager  # noqa: E402
 from omni.stages.ar.config import EngineConfig, EngineConfigError  # noqa: E402
 from omni.stages.ar.engine import AREngine  # noqa: E402
 from omni.stages.ar.model_api import ARModel, ForwardOutput, KVCacheSpec  # noqa: E402
-from omni.stages.ar.sampler import Sampler, apply_repetition_penalty, top_p_filter  # noqa: E402
+from omni.stages.ar.sampler import Sampler, apply_repetition_penalty, top_k_filter, top_p_filter  # noqa: E402
 from omni.stages.ar.sequence import SamplingParams, Sequence  # noqa: E402
 from omni.stages.ar.stage import ARStage  # noqa: E402
 
@@ -232,13 +232,15 @@ def test_sampler_units():
     logits = torch.tensor([2.0, -1.0, 0.5, 3.0])
     out = apply_repetition_penalty(logits.clone(), [0, 1, 99], 2.0)
     assert out.tolist() == [1.0, -2.0, 0.5, 3.0]
-    kept = top_p_filter(torch.tensor([0.0, 0.0, 10.0, 9.0]), 0.9).isfinite().tolist()
-    assert kept == [False, False, True, True]
+    kept = top_p_filter(torch.tensor([[0.0, 0.0, 10.0, 9.0], [0.0, 0.0, 10.0, 9.0]]), torch.tensor([0.9, 0.5]))
+    assert kept.isfinite().tolist() == [[False, False, True, True], [False, False, True, False]]
+    kept = top_k_filter(torch.tensor([[1.0, 3.0, 2.0, 3.0], [1.0, 3.0, 2.0, 0.0]]), torch.tensor([1, 0]))
+    assert kept.isfinite().tolist() == [[False, True, False, True], [True, True, True, True]]
     seq = Sequence("s", [0], SamplingParams(temperature=0.0, suppress_token_ids=(3,)))
     assert Sampler()(logits[None], [seq]) == [0]
 
 
-def test_sampling_support_and_seed(models, prompts):
+def test_sampling_support_and_seed(models, prompts, reference):
     eng = make_engine(models)
     top = SamplingParams(temperature=1.5, top_k=3, seed=7, max_tokens=1)
     first = eng.generate([prompts[0]] * 4, top)
@@ -253,6 +255,11 @@ def test_sampling_support_and_seed(models, prompts):
     nucleus = set(torch.argsort(probs, descending=True)[: int((probs.sort(descending=True).values.cumsum(0) < 0.6).sum()) + 1].tolist())
     draws = {eng.generate([prompts[0]], SamplingParams(temperature=1.0, top_p=0.6, seed=s, max_tokens=1))[0][0] for s in range(40)}
     assert draws <= nucleus
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=11, max_tokens=6)
+    alone = eng.generate([prompts[1]], seeded)[0]
+    mixed = eng.generate([prompts[0], prompts[1], prompts[2]], [SamplingParams(temperature=3.0, max_tokens=6), seeded, GREEDY])
+    assert mixed[1] == alone  # a seeded request does not depend on its batch
+    assert mixed[2] == reference[2]  # greedy rows stay greedy beside sampled ones
     unseeded = {tuple(eng.generate([prompts[0]], SamplingParams(temperature=5.0, max_tokens=4))[0]) for _ in range(6)}
     assert len(unseeded) > 1
 
