@@ -213,13 +213,13 @@ def test_encoder_stages_batch_cache_and_match(ckpt):
     audio_stage.setup()
     got = _drive(audio_stage, {"r1": [{"features": feats[0]}], "r2": [{"features": feats[1]}, {"features": feats[0]}]})
     enc = audio_stage.encoder.model
-    assert torch.equal(got["r1"][0]["embeds"], got["r2"][1]["embeds"])
-    _close(got["r2"][0]["embeds"], enc([torch.from_numpy(feats[1])])[0])
-    assert [d["index"] for d in got["r2"]] == [0, 1]
+    assert torch.equal(got["r1"][0]["audio_embeds"], got["r2"][1]["audio_embeds"])
+    _close(got["r2"][0]["audio_embeds"], enc([torch.from_numpy(feats[1])])[0])
+    assert [len(d["audio_embeds"]) for d in got["r2"]] == [audio_token_count(f.shape[1]) for f in (feats[1], feats[0])]
     assert audio_stage.forwards == 2  # the short audio pads differently: its own batch
     again = _drive(audio_stage, {"r3": [{"features": feats[0]}]})
     assert audio_stage.cache_hits == 1 and audio_stage.forwards == 2
-    assert torch.equal(again["r3"][0]["embeds"], got["r1"][0]["embeds"])
+    assert torch.equal(again["r3"][0]["audio_embeds"], got["r1"][0]["audio_embeds"])
 
     patches = [image_to_patches(im, pre.image_cfg) for im in images]
     items = [{"pixels": p.pixels, "grid_thw": np.array(p.grid_thw)} for p in patches]
@@ -228,8 +228,9 @@ def test_encoder_stages_batch_cache_and_match(ckpt):
     got = _drive(vision_stage, {"a": [items[0]], "b": [items[1], items[0]]})
     assert vision_stage.forwards == 1  # three images of two requests in one forward
     single = vision_stage.encoder.model([torch.from_numpy(patches[1].pixels)], [patches[1].grid_thw])[0]
-    _close(got["b"][0]["embeds"], single.embeds)
-    assert got["b"][0]["deepstack"].shape[0] == len(single.deepstack)
+    _close(got["b"][0]["image_embeds"], single.embeds)
+    assert got["b"][0]["image_deepstack"].shape[0] == len(single.deepstack)
+    assert got["b"][0]["image_grid_thw"].tolist() == [list(patches[1].grid_thw)]
     with pytest.raises(InvalidRequest):
         vision_stage.open("bad", {})
         vision_stage.feed("bad", "in", {"pixels": patches[0].pixels, "grid_thw": np.array([1, 3, 3])})

@@ -1,7 +1,7 @@
 """The encoder stage: batches the pending inputs of many requests into one forward.
 
 A request's inputs arrive as chunks (one per audio / image, any port) and are encoded once
-its input has ended. Each step runs one forward over up to `max_batch` inputs that share a
+its input has ended; its outputs leave in input order, one chunk per input. Each step runs one forward over up to `max_batch` inputs that share a
 batch key (inputs with equal keys give the same outputs batched or alone), then emits every
 finished request's outputs, in input order, and ends it. An optional LRU cache keyed by a
 hash of the input's content skips inputs seen before (the same image in many requests).
@@ -142,5 +142,5 @@ class EncoderStage(Stage):
             if n == 0:
                 emits.append(Emit(rid, finish=True))
             for i in range(n):
-                emits.append(Emit(rid, self.out_port, {**r.outputs[i], "index": i}, finish=i == n - 1))
+                emits.append(Emit(rid, self.out_port, dict(r.outputs[i]), finish=i == n - 1))
         return emits

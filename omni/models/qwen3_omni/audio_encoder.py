@@ -163,7 +163,8 @@ class AudioEncoder(nn.Module):
 class AudioFeaturesEncoder:
     """`BatchEncoder` for the encoder stage. Item: {"features": [mel_bins, frames] float32,
     "pad_len": optional int (the request's longest chunk, to match transformers when a
-    request has several audios)}. Output: {"embeds": [tokens, output_dim]}."""
+    request has several audios)}. Output: {"audio_embeds": [tokens, output_dim]}, the key the
+    thinker takes."""
 
     def __init__(self, model: AudioEncoder):
         self.model = model
@@ -180,7 +181,7 @@ class AudioFeaturesEncoder:
         device = self.model.positions.device
         feats = [torch.as_tensor(np.asarray(it["features"], dtype=np.float32), device=device) for it in items]
         outs = self.model(feats, pad_len=self.batch_key(items[0]))
-        return [{"embeds": o} for o in outs]
+        return [{"audio_embeds": o} for o in outs]
 
 
 class AudioEncoderStage(EncoderStage):

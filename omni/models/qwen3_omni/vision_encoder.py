@@ -168,8 +168,9 @@ class VisionEncoder(nn.Module):
 
 class ImagePatchesEncoder:
     """`BatchEncoder` for the encoder stage. Item: {"pixels": [t*h*w, C*T*P*P] float32,
-    "grid_thw": [t, h, w]}. Output: {"embeds": [tokens, out_hidden], "deepstack":
-    [deepstack layers, tokens, out_hidden]}. Images attend only to themselves: any batch works."""
+    "grid_thw": [t, h, w]}. Output, in the thinker's keys: {"image_embeds": [tokens, out_hidden],
+    "image_deepstack": [deepstack layers, tokens, out_hidden], "image_grid_thw": [1, 3]}.
+    Images attend only to themselves: any batch works."""
 
     def __init__(self, model: VisionEncoder):
         self.model = model
@@ -190,8 +191,9 @@ class ImagePatchesEncoder:
         pixels = [torch.as_tensor(np.asarray(it["pixels"], dtype=np.float32), device=device) for it in items]
         grids = [tuple(int(v) for v in np.asarray(it["grid_thw"]).reshape(3)) for it in items]
         outs = self.model(pixels, grids)
-        return [{"embeds": o.embeds, "deepstack": torch.stack(o.deepstack) if o.deepstack else
-                 o.embeds.new_zeros(0, *o.embeds.shape)} for o in outs]
+        return [{"image_embeds": o.embeds,
+                 "image_deepstack": torch.stack(o.deepstack) if o.deepstack else o.embeds.new_zeros(0, *o.embeds.shape),
+                 "image_grid_thw": np.asarray([grid], dtype=np.int64)} for o, grid in zip(outs, grids)]
 
 
 class VisionEncoderStage(EncoderStage):
