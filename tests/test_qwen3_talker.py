@@ -229,13 +229,8 @@ def test_talker_blocks_until_thinker_row_arrives(refs, model):
     assert stage.engine.stats()["running"] == 1
 
 
-def test_eight_concurrent_requests_match_alone(oracle, refs, model):
-    cases = refs + [
-        oracle.reference(chat(f"question number {i}"), thinker_tokens=6 + 2 * i, max_tokens=20 + 3 * i,
-                         speaker=("Ethan", "Chelsie", "Aiden")[i % 3])
-        for i in range(5)
-    ]
-    stage = make_stage(model)
+def run_concurrently(stage: TalkerStage, cases: list[Reference]) -> dict:
+    """All requests at once; request i gets one thinker row every (i % 3 + 1) steps."""
     fed = {}
     for i, ref in enumerate(cases):
         open_ref(stage, f"r{i}", ref)
@@ -246,7 +241,7 @@ def test_eight_concurrent_requests_match_alone(oracle, refs, model):
     for step in range(10_000):
         if len(done) == len(cases):
             break
-        for i, ref in enumerate(cases):  # uneven arrival: request i gets a row every (i % 3 + 1) steps
+        for i, ref in enumerate(cases):
             if i in closed or step % (i % 3 + 1):
                 continue
             if fed[i] < len(ref.embed):
@@ -258,10 +253,33 @@ def test_eight_concurrent_requests_match_alone(oracle, refs, model):
                 stage.close_input(f"r{i}")
                 closed.add(i)
         collect(stage.step(), out, done)
+    assert len(done) == len(cases)
+    return {i: codes_of(out.get(f"r{i}", [])) for i in range(len(cases))}
+
+
+def test_eight_concurrent_requests_match_alone(oracle, refs, model):
+    cases = refs + [
+        oracle.reference(chat(f"question number {i}"), thinker_tokens=6 + 2 * i, max_tokens=20 + 3 * i,
+                         speaker=("Ethan", "Chelsie", "Aiden")[i % 3])
+        for i in range(4)
+    ]
+    assert len(cases) == 8
+    stage = make_stage(model)
+    got = run_concurrently(stage, cases)
     assert stage.engine.stats()["num_steps"] < sum(len(r.codes) + 1 for r in cases)  # it did batch
     for i, ref in enumerate(cases):
-        got = codes_of(out.get(f"r{i}", []))
-        assert got.shape == ref.codes.shape and (got == ref.codes).all(), i
+        assert got[i].shape == ref.codes.shape and (got[i] == ref.codes).all(), i
+
+
+def test_preempted_requests_recompute_the_same_codes(refs, model):
+    """A KV cache too small for all requests: the engine preempts and recomputes from the
+    stored prefill, frame and trailing rows."""
+    stage = make_stage(model, num_blocks=10, block_size=8, max_model_len=80)
+    got = run_concurrently(stage, refs)
+    assert stage.engine.stats()["num_preemptions"] > 0
+    for i, ref in enumerate(refs):
+        assert got[i].shape == ref.codes.shape and (got[i] == ref.codes).all(), i
+    assert stage.engine.scheduler.blocks.num_free_blocks == 10
 
 
 def test_prompt_in_chunks_as_engine_taps(refs, model, oracle):
@@ -355,3 +373,30 @@ def test_sampling_is_seeded_and_stays_in_the_codebook(oracle, refs, model):
     assert (a == b).all() and a.shape[1] == oracle.hf.config.talker_config.num_code_groups
     assert a.min() >= 0 and a.max() < codebook and eos not in a[:, 0]
     assert a.shape != c.shape or (a != c).any()
+
+
+def test_fed_live_by_the_thinker_stage(oracle, refs, model):
+    """ThinkerStage and TalkerStage stepped in turn, the thinker's `hidden` chunks fed as they come."""
+    from omni.models.qwen3_omni.thinker_stage import ThinkerStage
+
+    ref = refs[0]
+    thinker = ThinkerStage(StageContext("thinker", args={"model_dir": oracle.dir, "block_size": 8, "num_blocks": 32,
+                                                         "max_model_len": 256}, out_ports=["text", "hidden"]))
+    thinker.setup()
+    talker = make_stage(model)
+    params = {"prompt_token_ids": ref.prompt, "speaker": ref.speaker,
+              "sampling": {"thinker": {"temperature": 0, "max_tokens": len(ref.embed) - len(ref.prompt) + 1},
+                           "talker": {"temperature": 0, "max_tokens": ref.max_tokens}}}
+    thinker.open("r", params)
+    talker.open("r", params)
+    out, done = {}, set()
+    while "r" not in done:
+        for e in thinker.step():
+            assert e.error is None
+            if e.port == "hidden":
+                talker.feed("r", "hidden", e.data)
+            if e.finish:
+                talker.close_input("r")
+        collect(talker.step(), out, done)
+    got = codes_of(out["r"])
+    assert got.shape == ref.codes.shape and (got == ref.codes).all()
