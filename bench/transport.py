@@ -246,7 +246,7 @@ def bench_cuda_ipc(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     if not torch.cuda.is_available():
         return None
-    from omni.transport.cuda_ipc import CudaIpcChannel
+    from omni.transport.cuda_ipc import CudaIpcChannel, unlink_process_leftovers
 
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
@@ -290,7 +290,9 @@ def bench_cuda_ipc(args: argparse.Namespace) -> dict[str, Any] | None:
         consumer.join(20)
         if consumer.is_alive():
             consumer.kill()
+            consumer.join(10)
         unlink_prefix(owner + "-")
+        unlink_process_leftovers(consumer.pid)
     return {
         "name": "cuda_ipc",
         "title": f"cuda_ipc channel vs a device copy on {torch.cuda.get_device_name()} (GB/s of payload)",
@@ -298,9 +300,11 @@ def bench_cuda_ipc(args: argparse.Namespace) -> dict[str, Any] | None:
         "rows": rows,
         "notes": (
             "d2d_copy: dst.copy_(src) + synchronize, one process. cuda_ipc_cross_*: the producer copies into "
-            "its pool and records an event; a spawned consumer reads the view (its stream waits on the event), "
-            "optionally copies it into its own tensor (copyout), synchronizes (reader.fence) and returns the "
-            f"credit; up to {IN_FLIGHT} in flight over a multiprocessing pipe. `_x`: ratio to d2d_copy."
+            "its pool and records an event; a spawned consumer reads the view (its stream waits on the event "
+            "unless it has completed), optionally copies it into its own tensor (copyout), synchronizes "
+            f"(reader.fence) and returns the credit (sync column: no copy); up to {IN_FLIGHT} in flight over a "
+            "multiprocessing pipe. `_x`: ratio to d2d_copy. Without MPS the GPU time-slices between the two "
+            "processes' contexts whenever both launch work, which is what the copyout column pays for."
         ),
     }
 
@@ -349,6 +353,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short timings (smoke run)")
     parser.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="payload sizes in bytes")
+    parser.add_argument("--only", nargs="+", metavar="SECTION", help="run only these sections, e.g. bench_shm")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per measurement")
     parser.add_argument("--out", default=str(ROOT / "bench/results/transport.json"))
     parser.add_argument("--md", default=str(ROOT / "bench/RESULTS_transport.md"))
@@ -362,6 +367,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "sections": [],
     }
     for section in SECTIONS:
+        if args.only and section.__name__ not in args.only:
+            continue
         print(f"[{section.__name__}]", flush=True)
         result = section(args)
         if result is not None:

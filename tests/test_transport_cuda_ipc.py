@@ -17,7 +17,7 @@ import torch
 
 from omni.kernel.channels import ChannelFull, load_channel
 from omni.kernel.messages import RequestChunk, encode
-from omni.transport.cuda_ipc import CudaIpcChannel
+from omni.transport.cuda_ipc import CudaIpcChannel, unlink_process_leftovers
 from omni.transport.shm import SHM_DIR, unlink_prefix
 
 gpu = pytest.mark.gpu
@@ -59,6 +59,22 @@ def test_bad_arguments_are_rejected():
         CudaIpcChannel.writer("bad/owner", 1 << 16)
     with pytest.raises(ValueError):
         CudaIpcChannel.writer("omni-test-x", -5)
+
+
+def test_unlink_process_leftovers_removes_only_that_pids_files():
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    mine = [f"torch_{pid}_123_0", f"cuda.shm.0.{pid:x}.1"]
+    others = [f"torch_{pid}0_1_0", f"cuda.shm.0.{pid:x}0.1", f"omni-test-{pid}"]
+    for name in mine + others:
+        open(os.path.join(SHM_DIR, name), "wb").close()
+    try:
+        assert unlink_process_leftovers(pid) == sorted(mine)
+        assert all(os.path.exists(os.path.join(SHM_DIR, name)) for name in others)
+    finally:
+        for name in mine + others:
+            if os.path.exists(os.path.join(SHM_DIR, name)):
+                os.unlink(os.path.join(SHM_DIR, name))
 
 
 # ---- GPU ------------------------------------------------------------------------------------
@@ -170,7 +186,9 @@ def test_round_trip_into_a_spawned_process_is_zero_copy(owner):
     finally:
         if proc.is_alive():
             proc.kill()
+            proc.join(10)
         writer.close()
+        unlink_process_leftovers(proc.pid)
     assert _leftovers(owner) == []
 
 
@@ -199,7 +217,9 @@ def test_reader_waits_for_the_producers_copy(owner):
     finally:
         if proc.is_alive():
             proc.kill()
+            proc.join(10)
         writer.close()
+        unlink_process_leftovers(proc.pid)
 
 
 @gpu
@@ -238,3 +258,31 @@ def test_unlink_prefix_removes_the_sidecar_of_a_dead_producer(owner):
         reader.read(writer.write("y", torch.zeros(4, device="cuda"))[0], [])
     writer.close()
     assert _leftovers(owner) == []
+
+
+def _cuda_producer_that_dies(owner: str, conn) -> None:
+    import torch
+
+    from omni.transport.cuda_ipc import CudaIpcChannel
+
+    writer = CudaIpcChannel.writer(owner, 1 << 20)
+    writer.write("x", torch.ones(8, device="cuda"))
+    conn.send(os.getpid())
+    conn.recv()  # killed while waiting here
+
+
+@gpu
+def test_a_killed_producer_leaves_nothing_after_cleanup(owner):
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_cuda_producer_that_dies, args=(owner, child), daemon=True)
+    proc.start()
+    assert parent.poll(120), "the producer did not start"
+    pid = parent.recv()
+    proc.kill()
+    proc.join(30)
+    assert len(_leftovers(owner)) == 1
+    unlink_prefix(owner + "-")
+    unlink_process_leftovers(pid)
+    names = os.listdir(SHM_DIR)
+    assert not [n for n in names if n.startswith(owner) or n.startswith(f"torch_{pid}_") or f".{pid:x}." in n]

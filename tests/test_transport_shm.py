@@ -227,6 +227,29 @@ def test_close_and_unlink_prefix_leave_nothing(owner):
     assert _leftovers(owner) == []
 
 
+def _producer_that_dies(owner: str, conn) -> None:
+    from omni.transport.shm import ShmChannel
+
+    writer = ShmChannel.writer(owner, 1 << 16)
+    desc, _ = writer.write("x", np.arange(8))
+    conn.send(desc.segment)
+    conn.recv()  # killed while waiting here: close() never runs
+
+
+def test_unlink_prefix_cleans_up_after_a_killed_producer(owner):
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_producer_that_dies, args=(owner, child), daemon=True)
+    proc.start()
+    assert parent.poll(60), "the producer did not start"
+    segment = parent.recv()
+    proc.kill()
+    proc.join(10)
+    assert _leftovers(owner) == [segment]
+    assert unlink_prefix(owner + "-") == [segment]
+    assert _leftovers(owner) == []
+
+
 def test_reader_of_a_vanished_segment_raises_and_drops_dead_mappings(owner):
     reader = ShmChannel.reader()
     first = ShmChannel.writer(owner, 1 << 16)

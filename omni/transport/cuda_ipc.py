@@ -4,7 +4,8 @@ A write is one device-to-device copy into a slot of the pool, on the producer's 
 followed by the record of an interprocess event (one of a ring of EVENT_RING, chosen by the
 slot's token); the descriptor carries (token, event index) in `extra`. A read makes the
 consumer's current stream wait for that event (on the GPU, the host never blocks) and returns a
-view of the opened pool: zero copies. Waiting on an event that a later write has re-recorded is
+view of the opened pool: zero copies (when the event has already completed, which a query
+tells in ~1 us, the stream does not wait at all). Waiting on an event that a later write has re-recorded is
 still correct: that record completes after the one we wanted, on the same stream.
 
 The pool's IPC handles are published once, in a small JSON sidecar file /dev/shm/<segment>, so
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import threading
 import weakref
@@ -33,7 +35,7 @@ from omni.kernel.channels import ChannelFull
 from omni.kernel.messages import PayloadDesc
 from omni.transport.arena import SlotAllocator
 from omni.transport.arrays import as_numpy
-from omni.transport.shm import check_name, segment_path, unique_segment_name, unlink_if_creator
+from omni.transport.shm import SHM_DIR, check_name, segment_path, unique_segment_name, unlink_if_creator
 
 DEFAULT_CAPACITY = 64 << 20
 EVENT_RING = 64
@@ -68,6 +70,25 @@ def torch_dtype(name: str) -> Any:
     if not isinstance(dtype, _torch().dtype):
         raise ValueError(f"unknown torch dtype {name!r} in a cuda_ipc descriptor")
     return dtype
+
+
+def unlink_process_leftovers(pid: int) -> list[str]:
+    """Remove the /dev/shm files that torch and the CUDA driver create for a process's IPC
+    (`torch_<pid>_*` ref counters, `cuda.shm.<n>.<pid in hex>.<n>` event state) once it is dead.
+
+    They do not start with the owner, so `shm.unlink_prefix` misses them; the driver leaves its
+    file behind even after a clean exit. Call only for a pid that has exited.
+    """
+    pattern = re.compile(rf"torch_{pid}_.*|cuda\.shm\.\d+\.{pid:x}\.\d+")
+    removed = []
+    for entry in sorted(os.listdir(SHM_DIR)):
+        if pattern.fullmatch(entry):
+            try:
+                os.unlink(os.path.join(SHM_DIR, entry))
+                removed.append(entry)
+            except FileNotFoundError:
+                pass
+    return removed
 
 
 def local_device_index(uuid: str) -> int:
@@ -233,7 +254,9 @@ class CudaIpcReader:
         if desc.offset < 0 or desc.offset + desc.nbytes > pool.capacity or len(desc.extra) != _EXTRA.size:
             raise ValueError(f"bad cuda_ipc descriptor for {desc.name!r} in pool {desc.segment} ({pool.capacity} bytes)")
         _, event_index = _EXTRA.unpack(desc.extra)
-        torch.cuda.current_stream(pool.device).wait_event(pool.event(event_index))
+        event = pool.event(event_index)
+        if not event.query():  # a stream waiting on an IPC event costs ~160 us even when it is done
+            torch.cuda.current_stream(pool.device).wait_event(event)
         return pool.tensor[desc.offset : desc.offset + desc.nbytes].view(dtype).view(desc.shape)
 
     def token(self, desc: PayloadDesc) -> int | None:
