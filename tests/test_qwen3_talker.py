@@ -26,11 +26,12 @@ IDS = token_ids()
 IM_START, IM_END, NL = IDS["<|im_start|>"], IDS["<|im_end|>"], 10
 
 
-def chat(user: str, system: str = "be brief", audio_tokens: int = 0) -> list[int]:
+def chat(user: str | list[int], system: str = "be brief", audio_tokens: int = 0) -> list[int]:
     audio = [IDS["<|audio_start|>"]] + [IDS["<|audio_pad|>"]] * audio_tokens + [IDS["<|audio_end|>"]] if audio_tokens else []
+    user_ids = list(user.encode()) if isinstance(user, str) else user
     return (
         [IM_START, IDS["system"], NL] + list(system.encode()) + [IM_END, NL]
-        + [IM_START, IDS["user"], NL] + audio + list(user.encode()) + [IM_END, NL]
+        + [IM_START, IDS["user"], NL] + audio + user_ids + [IM_END, NL]
         + [IM_START, IDS["assistant"], NL]
     )
 
@@ -73,9 +74,9 @@ class Oracle:
 
         module.generate = generate
 
-    def reference(self, prompt, thinker_tokens, max_tokens, speaker="Ethan", audio_frames=0, thinker_eos=IM_END):
+    def reference(self, prompt, thinker_tokens, max_tokens, speaker="Ethan", audio_frames=0, thinker_eos=IM_END,
+                  **extra):
         self._captured.clear()
-        extra = {}
         if audio_frames:
             g = torch.Generator().manual_seed(len(prompt))
             extra["input_features"] = torch.randn(1, 128, audio_frames, generator=g)
@@ -170,10 +171,12 @@ def model(oracle):
     return TalkerModel.from_checkpoint(oracle.dir)
 
 
-def run_streamed(stage: TalkerStage, ref: Reference, chunk: int, lazy: bool, rid: str = "r") -> np.ndarray:
+def run_streamed(stage: TalkerStage, ref: Reference, chunk: int, lazy: bool, rid: str = "r",
+                 opened: bool = False) -> np.ndarray:
     """Feed the prompt rows, then `chunk` generated rows at a time; with `lazy`, only when
     the talker is blocked on the thinker (it never steps ahead of what it has)."""
-    open_ref(stage, rid, ref)
+    if not opened:
+        open_ref(stage, rid, ref)
     p = len(ref.prompt)
     stage.feed(rid, "hidden", {"embed": ref.embed[:p], "hidden": ref.hidden[:p], "token_ids": ref.prompt})
     out, done, fed, closed = {}, set(), p, False
@@ -311,6 +314,35 @@ def test_audio_prompt_uses_hidden_projection(oracle, model):
     assert got.shape == ref.codes.shape and (got == ref.codes).all()
 
 
+def test_vision_prompt_uses_mrope_positions(oracle, model):
+    """Image / video placeholders in the user turn: the talker's prefill takes 3-D M-RoPE
+    positions from the vision grids (sent on their own edge), decode positions index + delta."""
+    g = torch.Generator().manual_seed(1)
+    patch = 3 * 2 * 16 * 16
+    image_grid, video_grid = [1, 4, 4], [2, 4, 4]  # 4 and 8 placeholder tokens after the 2x2 merge
+    vision = lambda tok, n: [IDS["<|vision_start|>"]] + [IDS[tok]] * n + [IDS["<|vision_end|>"]]  # noqa: E731
+    prompt = chat(list(b"look ") + vision("<|image_pad|>", 4) + list(b" watch") + vision("<|video_pad|>", 8))
+    ref = oracle.reference(
+        prompt, thinker_tokens=10, max_tokens=30, pixel_values=torch.randn(16, patch, generator=g),
+        image_grid_thw=torch.tensor([image_grid]), pixel_values_videos=torch.randn(32, patch, generator=g),
+        video_grid_thw=torch.tensor([video_grid]), video_second_per_grid=torch.tensor([0.5]),
+    )
+    assert oracle.hf.talker.rope_deltas.item() != 0  # transformers did use 3-D positions
+    stage = make_stage(model)
+    open_ref(stage, "r", ref)
+    stage.feed("r", "vision", {"image_grid_thw": np.array([image_grid]), "video_grid_thw": [video_grid],
+                               "video_second_per_grid": [0.5]})
+    got = run_streamed(stage, ref, chunk=3, lazy=False, opened=True)
+    assert got.shape == ref.codes.shape and (got == ref.codes).all()
+    # Without the grids the prefill cannot be built: the request fails when the thinker ends.
+    stage = make_stage(model)
+    open_ref(stage, "r", ref, prompt_token_ids=ref.prompt)
+    stage.feed("r", "hidden", {"embed": ref.embed, "hidden": ref.hidden})
+    assert not stage.has_work()
+    stage.close_input("r")
+    assert [e.error_kind for e in stage.step()] == ["invalid_request"]
+
+
 def test_abort_mid_stream_frees_kv_blocks(refs, model):
     ref = refs[1]
     stage = make_stage(model)
@@ -400,3 +432,15 @@ def test_fed_live_by_the_thinker_stage(oracle, refs, model):
         collect(talker.step(), out, done)
     got = codes_of(out["r"])
     assert got.shape == ref.codes.shape and (got == ref.codes).all()
+
+
+@pytest.mark.gpu
+def test_talker_on_cuda_matches_transformers(oracle, refs):
+    model = TalkerModel.from_checkpoint(oracle.dir, device="cuda")
+    got = run_concurrently(make_stage(model, device="cuda"), refs)
+    for i, ref in enumerate(refs):
+        assert got[i].shape == ref.codes.shape and (got[i] == ref.codes).all(), i
+    bf16 = TalkerModel.from_checkpoint(oracle.dir, device="cuda", dtype=torch.bfloat16)
+    got = run_concurrently(make_stage(bf16, device="cuda"), refs)
+    codebook = oracle.hf.config.code2wav_config.codebook_size
+    assert all(len(g) > 0 and g.min() >= 0 and g.max() < codebook for g in got.values())

@@ -27,6 +27,7 @@ from torch import nn
 from omni.kernel.errors import InvalidRequest
 from omni.models.qwen3_omni.code_predictor import CodePredictor, sample_codes
 from omni.models.qwen3_omni.config import DecoderConfig, Qwen3OmniConfig, load_config
+from omni.models.qwen3_omni.rope import DEFAULT_MROPE_SECTION, mrope_cos_sin
 from omni.models.qwen3_omni.talker_inputs import TalkerInputs, TalkerParts, TalkerTokenIds
 from omni.models.qwen3_omni.talker_layers import (
     QKVProjection,
@@ -34,7 +35,6 @@ from omni.models.qwen3_omni.talker_layers import (
     RMSNorm,
     SharedExpertMoE,
     load_weights,
-    rope_cos_sin,
     rope_inv_freq,
 )
 from omni.models.qwen3_omni.weights import CheckpointError, checkpoint_files, load_state_dict
@@ -100,6 +100,7 @@ class TalkerModel(nn.Module, ARModel):
         self.hidden_projection = ResizeMLP(t.thinker_hidden_size, c.intermediate_size, c.hidden_size)
         self.code_predictor = CodePredictor(t.code_predictor, t.num_code_groups)
         self.register_buffer("inv_freq", rope_inv_freq(c.head_dim, c.rope_theta), persistent=False)
+        self.mrope_section = tuple(c.mrope_section) or DEFAULT_MROPE_SECTION
         self.register_buffer("tts_embeds", torch.zeros(3, c.hidden_size), persistent=False)
         self.suppress_token_ids = tuple(
             i for i in range(c.vocab_size - SUPPRESSED_SPAN, c.vocab_size) if i != self.ids.codec_eos
@@ -161,7 +162,7 @@ class TalkerModel(nn.Module, ARModel):
         taps: dict[int, torch.Tensor] = {}
         if 0 in batch.tap_layers:
             taps[0] = h
-        cos, sin = rope_cos_sin(self.inv_freq, batch.positions, h.dtype)
+        cos, sin = mrope_cos_sin(self.inv_freq, batch.positions, self.mrope_section, h.dtype)
         layers = self.model.layers
         for i, layer in enumerate(layers):
             attn = layer.self_attn
@@ -186,6 +187,18 @@ class TalkerModel(nn.Module, ARModel):
         if len(seq.prompt_token_ids) != req.prefill_len:
             raise InvalidRequest("talker prompt length differs from its prefill rows")
         seq.model_state["talker"] = req
+
+    def positions(self, seq, start: int, end: int) -> torch.Tensor:
+        """[3, end - start] float32: the prefill's (M-)RoPE positions, then index + delta."""
+        inputs = seq.model_state["talker"].inputs
+        n = inputs.positions.shape[1]
+        parts = []
+        if start < n:
+            parts.append(inputs.positions[:, start : min(end, n)])
+        if end > n:
+            tail = torch.arange(max(start, n), end, dtype=torch.float32) + inputs.delta
+            parts.append(tail.expand(3, -1))
+        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     def input_embeds(self, seq, start: int, end: int) -> torch.Tensor:
         req: TalkerRequest = seq.model_state["talker"]

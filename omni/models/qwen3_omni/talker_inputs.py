@@ -16,6 +16,9 @@ transformers builds them after the thinker has finished (`Qwen3OmniMoeForConditi
   A thinker row exists only for tokens the thinker computed, so its last sampled token
   (its EOS) never appears, exactly as in transformers. Entry k is known once row a+4+k
   arrived, or once the thinker has finished.
+- rope positions: the talker's own token ids (user ids, then tts_pad for the assistant part)
+  get plain positions, or, when they hold image / video placeholders, the 3-D M-RoPE index
+  of those ids with the prompt's vision grids (which must arrive before the prefill).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import torch
 
 from omni.kernel.errors import InvalidRequest
 from omni.models.qwen3_omni.config import Qwen3OmniConfig
+from omni.models.qwen3_omni.rope import RopeTokens, VisionGrid, rope_index
+from omni.models.qwen3_omni.weights import CheckpointError
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
 
@@ -51,14 +56,16 @@ class TalkerTokenIds:
     codec_bos: int
     codec_eos: int
     speakers: dict[str, int]
+    rope: RopeTokens  # the talker's own vision ids and M-RoPE constants
 
     @classmethod
     def from_config(cls, cfg: Qwen3OmniConfig) -> "TalkerTokenIds":
         t, th = cfg.talker, cfg.thinker
         if t is None:
-            raise InvalidRequest("this checkpoint has no talker (enable_audio_output is off)")
+            raise CheckpointError("this checkpoint has no talker (enable_audio_output is off)")
         if not t.speaker_id:
-            raise InvalidRequest("talker_config.speaker_id is empty: no voice to speak with")
+            raise CheckpointError("talker_config.speaker_id is empty: no voice to speak with")
+        raw = t.raw
         return cls(
             im_start=cfg.im_start_token_id,
             user=cfg.user_token_id,
@@ -74,6 +81,10 @@ class TalkerTokenIds:
             codec_bos=t.codec_bos_id,
             codec_eos=t.codec_eos_token_id,
             speakers=dict(t.speaker_id),
+            rope=RopeTokens(
+                int(raw.get("image_token_id", 151655)), int(raw.get("video_token_id", 151656)),
+                float(raw.get("position_id_per_seconds", 25)), int(raw.get("spatial_merge_size", 2)),
+            ),
         )
 
     def speaker_id(self, name: str) -> int:
@@ -108,6 +119,11 @@ class TalkerInputs:
         self._prefill: torch.Tensor | None = None
         self._assistant_rows: list[torch.Tensor] = []  # projected rows a .. a+3
         self._trailing: list[torch.Tensor] = []  # projected rows a+4 ..
+        self._images: list[VisionGrid] = []
+        self._videos: list[VisionGrid] = []
+        self.waiting_for_grids = False
+        self.positions: torch.Tensor | None = None  # [3, L] float32 rope positions of the prefill
+        self.delta = 0.0  # decode position = index + delta
         if prompt_ids is not None:
             self.set_prompt(prompt_ids)
 
@@ -144,6 +160,12 @@ class TalkerInputs:
         self._take_assistant_rows(embed, start)
         self._maybe_build_prefill()
 
+    def add_grids(self, images: list[VisionGrid], videos: list[VisionGrid]) -> None:
+        """Vision grids of the prompt's images / videos, in prompt order (any number of calls)."""
+        self._images += images
+        self._videos += videos
+        self._maybe_build_prefill()
+
     def finish(self) -> None:
         """The thinker's stream ended: the trailing text is now fully known."""
         self.thinker_done = True
@@ -158,7 +180,7 @@ class TalkerInputs:
     def starved(self) -> bool:
         """True when the thinker finished before its first generated token had a row:
         transformers cannot build a talker input then, and no speech is produced."""
-        return self._prefill is None and self.thinker_done
+        return self._prefill is None and self.thinker_done and not self.waiting_for_grids
 
     def trailing(self, k: int) -> torch.Tensor | None:
         """Text row added at decode step k, or None while it is not known yet."""
@@ -194,29 +216,52 @@ class TalkerInputs:
             return
         if self.num_rows < len(self.prompt_ids):
             return
-        user = self._user_part()
-        self._prefill = torch.cat((user, self._assistant_part()), dim=0)
+        user_pos = self._user_positions()
+        talker_ids = [self.prompt_ids[i] for i in user_pos] + [self.ids.tts_pad] * (2 * ASSISTANT_PREFIX_ROWS + 1)
+        if not self._build_positions(talker_ids):
+            return
+        self._prefill = torch.cat((self._user_part(user_pos), self._assistant_part()), dim=0)
         self._embeds, self._hiddens = [], []
 
-    def _user_part(self) -> torch.Tensor:
-        ids = self.prompt_ids
-        embed, hidden = torch.cat(self._embeds), torch.cat(self._hiddens)
-        roles, last_start = [], -1
+    def _build_positions(self, talker_ids: list[int]) -> bool:
+        """Rope positions of the talker's prefill; False while vision grids are missing."""
+        r = self.ids.rope
+        runs = {r.image_token_id: 0, r.video_token_id: 0}
+        for i, tok in enumerate(talker_ids):
+            if tok in runs and (i == 0 or talker_ids[i - 1] != tok):
+                runs[tok] += 1
+        n_img, n_vid = runs[r.image_token_id], runs[r.video_token_id]
+        if n_img == n_vid == 0:
+            self.positions = torch.arange(len(talker_ids), dtype=torch.float32).expand(3, -1)
+            return True
+        if len(self._images) < n_img or len(self._videos) < n_vid:
+            self.waiting_for_grids = True
+            return False
+        self.waiting_for_grids = False
+        self.positions, self.delta = rope_index(talker_ids, r, self._images[:n_img], self._videos[:n_vid])
+        return True
+
+    def _user_positions(self) -> list[int]:
+        """Prompt positions whose role token (after the closest <|im_start|>) is `user`."""
+        ids, roles, last_start = self.prompt_ids, [], -1
         for pos, tok in enumerate(ids):
             if tok == self.ids.im_start:
                 last_start = pos
-            role_pos = min(max(last_start, 0) + 1, len(ids) - 1)
-            roles.append(ids[role_pos])
-        user_pos = [i for i, r in enumerate(roles) if r == self.ids.user]
+            roles.append(ids[min(max(last_start, 0) + 1, len(ids) - 1)])
+        return [i for i, r in enumerate(roles) if r == self.ids.user]
+
+    def _user_part(self, user_pos: list[int]) -> torch.Tensor:
+        ids = self.prompt_ids
+        embed, hidden = torch.cat(self._embeds), torch.cat(self._hiddens)
         rows = self.parts.tts_embeds.new_empty((len(user_pos), self.parts.tts_embeds.shape[-1]))
         if not user_pos:
             return rows
         pos_t = torch.tensor(user_pos, dtype=torch.long)
         is_mm = torch.tensor([ids[i] in self.ids.multimodal for i in user_pos], dtype=torch.bool)
         if is_mm.any():
-            rows[is_mm] = self.parts.hidden_projection(hidden[pos_t[is_mm]]).to(rows.dtype)
+            rows[is_mm.to(rows.device)] = self.parts.hidden_projection(hidden[pos_t[is_mm]]).to(rows.dtype)
         if (~is_mm).any():
-            rows[~is_mm] = self.parts.text_projection(embed[pos_t[~is_mm]]).to(rows.dtype)
+            rows[(~is_mm).to(rows.device)] = self.parts.text_projection(embed[pos_t[~is_mm]]).to(rows.dtype)
         return rows
 
     def _assistant_part(self) -> torch.Tensor:

@@ -6,7 +6,9 @@ seed; temperature 0 = greedy). `feed(rid, "hidden", data)` takes the thinker's r
 newest tokens, as {"embed": layer 0, "hidden": layer accept_hidden_layer, "token_ids"} (the
 first chunk holds the prompt, or its first `prompt_len` rows do) or
 as the engine's taps {"tap_start", "layer_0", "layer_<accept_hidden_layer>"}; the prompt's
-token ids come from `params["prompt_token_ids"]` or the first chunk's `token_ids`. As soon
+token ids come from `params["prompt_token_ids"]` or the first chunk's `token_ids`. A prompt
+with images / videos also needs their grids (`image_grid_thw`, `video_grid_thw`,
+`video_second_per_grid`, as the vision encoder sends them) in a chunk on any port. As soon
 as the prefill can be built the sequence enters the engine; later steps park until the
 thinker row they need arrives, or `close_input` says the thinker is done.
 
@@ -24,6 +26,7 @@ import torch
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, StageContext
+from omni.models.qwen3_omni.rope import VisionGrid
 from omni.models.qwen3_omni.talker import TalkerModel, TalkerRequest
 from omni.stages.ar.engine import StepOutput
 from omni.stages.ar.sequence import SamplingParams
@@ -39,6 +42,21 @@ class _Stream:
     request: TalkerRequest
     sampling: SamplingParams
     submitted: bool = False
+
+
+GRID_KEYS = {"image_grid_thw", "video_grid_thw"}
+THINKER_KEYS = {"embed", "layer_0"}
+
+
+def _grids(value: Any, seconds: Any = None) -> list[VisionGrid]:
+    """[n, 3] (t, h, w) rows (+ seconds per temporal step for videos) -> grids."""
+    if value is None:
+        return []
+    rows = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value, dtype=np.int64).reshape(-1, 3)
+    secs = [1.0] * len(rows) if seconds is None else [float(x) for x in np.asarray(seconds, dtype=np.float64).ravel()]
+    if len(secs) != len(rows):
+        raise InvalidRequest(f"{len(rows)} video grids but {len(secs)} seconds-per-grid values")
+    return [VisionGrid(int(t), int(h), int(w), s) for (t, h, w), s in zip(rows, secs)]
 
 
 def _tensor(value: Any) -> torch.Tensor:
@@ -108,6 +126,12 @@ class TalkerStage(ARStage):
 
     def _feed(self, rid: str, stream: _Stream, data: dict[str, Any]) -> None:
         inputs = stream.request.inputs
+        if GRID_KEYS & data.keys():
+            inputs.add_grids(_grids(data.get("image_grid_thw")),
+                             _grids(data.get("video_grid_thw"), data.get("video_second_per_grid")))
+            if not THINKER_KEYS & data.keys():
+                self._maybe_submit(rid, stream)
+                return
         embed, hidden = data.get("embed"), data.get("hidden")
         if embed is None:
             embed, hidden = data.get("layer_0"), data.get(f"layer_{self._accept}")
@@ -138,7 +162,9 @@ class TalkerStage(ARStage):
         if stream is None:
             return
         stream.request.inputs.finish()
-        if stream.request.inputs.starved:
+        if stream.request.inputs.waiting_for_grids:
+            self._fail(rid, InvalidRequest("talker: the prompt has image/video tokens but no vision grids came"))
+        elif stream.request.inputs.starved:
             # The thinker ended before its first generated token had a row: nothing to say.
             self._streams.pop(rid)
             self._errors.append(Emit(rid, finish=True))
