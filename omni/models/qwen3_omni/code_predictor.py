@@ -74,7 +74,7 @@ class CodePredictor(nn.Module):
         self.lm_head = nn.ModuleList(
             nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) for _ in range(num_code_groups - 1)
         )
-        self.register_buffer("inv_freq", rope_inv_freq(spec.head_dim, spec.rope_theta), persistent=False)
+        self.inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta)  # float32 whatever the weights' dtype
 
     def load(self, tensors, prefix: str = "code_predictor.") -> None:
         load_weights(self, tensors, prefix)

@@ -99,7 +99,7 @@ class TalkerModel(nn.Module, ARModel):
         self.text_projection = ResizeMLP(t.thinker_hidden_size, c.intermediate_size, c.hidden_size)
         self.hidden_projection = ResizeMLP(t.thinker_hidden_size, c.intermediate_size, c.hidden_size)
         self.code_predictor = CodePredictor(t.code_predictor, t.num_code_groups)
-        self.register_buffer("inv_freq", rope_inv_freq(c.head_dim, c.rope_theta), persistent=False)
+        self.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta)  # float32 whatever the weights' dtype
         self.mrope_section = tuple(c.mrope_section) or DEFAULT_MROPE_SECTION
         self.register_buffer("tts_embeds", torch.zeros(3, c.hidden_size), persistent=False)
         self.suppress_token_ids = tuple(
@@ -114,9 +114,16 @@ class TalkerModel(nn.Module, ARModel):
     # ---- loading ----------------------------------------------------------------------
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> "TalkerModel":
-        model = cls(load_config(ckpt_dir))
-        model.load(load_state_dict(ckpt_dir, "talker"), thinker_token_rows(ckpt_dir, model.tts_token_ids))
-        return model.to(device=device, dtype=dtype).eval()
+        cfg = load_config(ckpt_dir)
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)  # build in the target dtype and device: no float32 copy
+        try:
+            with torch.device(device):
+                model = cls(cfg)
+        finally:
+            torch.set_default_dtype(previous)
+        model.load(load_state_dict(ckpt_dir, "talker", dtype=dtype), thinker_token_rows(ckpt_dir, model.tts_token_ids))
+        return model.eval()
 
     @property
     def tts_token_ids(self) -> tuple[int, int, int]:
@@ -127,7 +134,8 @@ class TalkerModel(nn.Module, ARModel):
         the thinker's input embeddings of tts_bos, tts_eos, tts_pad ([3, thinker H])."""
         load_weights(self, tensors, "")
         with torch.no_grad():
-            self.tts_embeds.copy_(self.text_projection(tts_thinker_rows.to(self.tts_embeds.dtype)))
+            rows = tts_thinker_rows.to(self.tts_embeds.device, self.tts_embeds.dtype)
+            self.tts_embeds.copy_(self.text_projection(rows))
 
     def parts(self) -> TalkerParts:
         return TalkerParts(

@@ -34,11 +34,7 @@ def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of shape [*positions.shape, head_dim] for integer `positions`.
-
-    For text positions (the same id on the temporal, height and width axes) M-RoPE reduces to
-    this plain RoPE whatever its sections, which is why the talker can use it.
-    """
+    """Plain 1-D RoPE cos/sin, [*positions.shape, head_dim] (the code predictor's rope)."""
     freqs = positions[..., None].float() * inv_freq.to(positions.device)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
