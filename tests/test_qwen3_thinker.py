@@ -46,6 +46,11 @@ def pair(request, tmp_path_factory):
     return hf, Qwen3OmniThinker.from_checkpoint(ckpt), ckpt
 
 
+def _cat(x):
+    """Encoder outputs come split per item (a tuple) or whole, by transformers version."""
+    return torch.cat(list(x)) if isinstance(x, (list, tuple)) else x
+
+
 def _multimodal_case(hf, seed: int):
     """A prompt with text, audio, an image and a video; inputs for transformers and for omni."""
     g = torch.Generator().manual_seed(seed)
@@ -68,13 +73,13 @@ def _multimodal_case(hf, seed: int):
                      video_second_per_grid=seconds)
     omni_inputs = {
         "audio_embeds": audio_emb.numpy(),
-        "image_embeds": torch.cat(image.pooler_output),
+        "image_embeds": _cat(image.pooler_output),
         "image_grid_thw": image_thw,
-        "image_deepstack": torch.stack([torch.cat(f) for f in image.deepstack_features]),
-        "video_embeds": torch.cat(vid.pooler_output),
+        "image_deepstack": torch.stack([_cat(f) for f in image.deepstack_features]),
+        "video_embeds": _cat(vid.pooler_output),
         "video_grid_thw": video_thw.numpy(),
         "video_second_per_grid": [0.5],
-        "video_deepstack": torch.stack([torch.cat(f) for f in vid.deepstack_features]),
+        "video_deepstack": torch.stack([_cat(f) for f in vid.deepstack_features]),
     }
     return prompt, hf_kwargs, omni_inputs
 
@@ -156,6 +161,15 @@ def test_weights_from_transformers_state_dict_and_bad_inputs(pair):
     assert eng.stats()["waiting"] == 0
 
 
+def test_moe_grouped_and_per_expert_paths_agree(pair):
+    _, thinker, _ = pair
+    moe = next(layer.mlp for layer in thinker.model.layers if hasattr(layer.mlp, "experts"))
+    x = torch.randn(11, thinker.cfg.text.hidden_size, generator=torch.Generator().manual_seed(0))
+    weights, chosen = torch.topk(torch.nn.functional.linear(x, moe.gate.weight).softmax(-1), moe.top_k)
+    with torch.no_grad():
+        torch.testing.assert_close(moe._grouped(x, weights, chosen), moe._per_expert(x, weights, chosen))
+
+
 def test_thinker_stage_streams_tokens_and_taps(pair):
     hf, _, ckpt = pair
     accept = hf.config.talker_config.accept_hidden_layer
@@ -189,3 +203,30 @@ def test_thinker_stage_streams_tokens_and_taps(pair):
     assert layer0[0].shape[0] == len(prompt)  # the prompt's rows in one chunk
     torch.testing.assert_close(torch.cat(layer0), ref_hidden[0], atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(torch.cat(layer_acc), ref_hidden[accept], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_thinker_on_cuda_matches_transformers(pair):
+    hf, _, ckpt = pair
+    accept = hf.config.talker_config.accept_hidden_layer
+    prompt, hf_kwargs, inputs = _multimodal_case(hf, seed=5)
+    text = _chat(list(b"hello there, how are you today?"))
+    refs = [_reference(hf, text), _reference(hf, prompt, **hf_kwargs)]
+    thinker = Qwen3OmniThinker.from_checkpoint(ckpt, device="cuda")
+    eng = AREngine(thinker, EngineConfig(block_size=16, num_blocks=32, max_model_len=256, max_num_batched_tokens=24,
+                                         tap_layers=(0, accept), eos_token_ids=(IDS["<|im_end|>"],), device="cuda"))
+    seqs = [eng.add_request("t", text, SamplingParams(temperature=0.0, max_tokens=MAX_NEW), return_hidden=True),
+            eng.add_request("m", prompt, SamplingParams(temperature=0.0, max_tokens=MAX_NEW), inputs=inputs,
+                            return_hidden=True)]
+    rows = {"t": [], "m": []}
+    while eng.has_unfinished():
+        for o in eng.step():
+            if o.taps:
+                rows[o.rid].append(o.taps[accept].cpu())
+    for seq, (ref_tokens, ref_hidden) in zip(seqs, refs):
+        assert seq.output_token_ids == ref_tokens
+        torch.testing.assert_close(torch.cat(rows[seq.rid]), ref_hidden[accept], atol=1e-3, rtol=1e-3)
+    bf16 = Qwen3OmniThinker.from_checkpoint(ckpt, device="cuda", dtype=torch.bfloat16)
+    eng = AREngine(bf16, EngineConfig(block_size=16, num_blocks=32, max_model_len=256, device="cuda"))
+    out = eng.generate([text, text[:9]], SamplingParams(temperature=0.8, top_p=0.9, seed=1, max_tokens=8))
+    assert [len(o) for o in out] == [8, 8]
