@@ -103,8 +103,11 @@ class Actor:
             return
         await self._send(KERNEL, m.ActorReady(self.spec.name, self.replica, _pid(), self.endpoint, ready_extra or {}))
         tasks = [asyncio.create_task(self._recv_loop()), asyncio.create_task(self._heartbeat_loop())]
+        self._main_task = asyncio.create_task(self._main_loop())
         try:
-            await self._main_loop()
+            await self._main_task
+        except asyncio.CancelledError:
+            pass  # stop() cancels a loop that may be blocked sending to a peer that is gone
         finally:
             for task in tasks:
                 task.cancel()
@@ -115,6 +118,9 @@ class Actor:
     def stop(self) -> None:
         self._stopping.set()
         self._wake.set()
+        task = getattr(self, "_main_task", None)
+        if task is not None:
+            task.cancel()
 
     def close(self) -> None:
         for writer in self._writers.values():
@@ -254,7 +260,10 @@ class Actor:
         return sock
 
     async def _send(self, peer: str, msg: m.Msg, frames: list[Any] | None = None) -> None:
-        await self._peer(peer).send_multipart([m.encode(msg), *(frames or [])], copy=False)
+        try:
+            await self._peer(peer).send_multipart([m.encode(msg), *(frames or [])], copy=False)
+        except zmq.ZMQError as exc:  # the peer's socket was reset (it restarted): the message was for the dead one
+            log.warning("%s dropped a %s for %s: %s", self.name, type(msg).__name__, peer, exc)
 
     def _edge_peer(self, edge: EdgeSpec, rid: str) -> str:
         if edge.dst == OUT:
