@@ -68,7 +68,7 @@ class ForwardBatch:
     """One step's flat batch of T tokens from B sequences (prefill chunks and decodes mixed)."""
 
     input_ids: torch.Tensor  # [T] long
-    positions: torch.Tensor  # [T] or [P, T] (e.g. M-RoPE [3, T]) long, from `ARModel.positions`
+    positions: torch.Tensor  # [T] or [P, T] (e.g. M-RoPE [3, T]), long or float, from `ARModel.positions`
     inputs_embeds: torch.Tensor | None  # [T, H] when any sequence supplied embeddings, else None
     spans: list[SeqSpan]
     attn: AttentionMetadata
@@ -131,7 +131,9 @@ class ARModel:
         return None
 
     def positions(self, seq: "Sequence", start: int, end: int) -> torch.Tensor:
-        """Rope positions of [start, end): [n] by default, [P, n] for multi-axis rope."""
+        """Rope positions of [start, end): [n] long by default; [P, n] for multi-axis rope
+        (float allowed: Qwen3-Omni video positions can be fractional). Every sequence of one
+        model must return the same shape and dtype (they are concatenated)."""
         return torch.arange(start, end, dtype=torch.long)
 
     def input_ready(self, seq: "Sequence") -> bool:
