@@ -2,8 +2,8 @@
 
 Three measurements, each a ping-pong between two processes (one hop = round trip / 2):
   raw_zmq     blocking pyzmq PUSH/PULL, 64-byte payloads, no encoding
-  omni_bus    omni's messages (msgspec RequestChunk) over zmq.asyncio on uvloop, decoded on
-              each side: what an actor's mailbox pays per hop
+  omni_bus    omni's messages (msgspec RequestChunk) through its Mailbox / Outbox on uvloop,
+              decoded on each side: what an actor's mailbox pays per hop
   omni_stage  a whole kernel round trip through one echo stage actor (kernel -> actor, compute
               thread hand-off, actor -> kernel): the cost a request really sees per stage
 
@@ -64,43 +64,55 @@ def bench_raw(n: int, tmp: str) -> list[float]:
 
 def _bus_echo(ping: str, pong: str, n: int) -> None:
     import uvloop
-    import zmq.asyncio
+
+    from omni.kernel.bus import Mailbox, Outbox
 
     async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-        pull.bind(ping)
-        push.connect(pong)
-        for _ in range(n):
-            msg = m.decode((await pull.recv_multipart(copy=False))[0].buffer)
-            await push.send_multipart([m.encode(msg)], copy=False)
-        ctx.destroy(linger=0)
+        done = asyncio.get_running_loop().create_future()
+        outbox = Outbox(lambda peer: pong, "echo")
+        count = [0]
+
+        def handle(frames: list) -> None:
+            outbox.send("bench", m.decode(frames[0].buffer))
+            count[0] += 1
+            if count[0] == n:
+                done.set_result(None)
+
+        mailbox = Mailbox(ping, handle, "echo")
+        mailbox.start()
+        await done
+        mailbox.close()
+        outbox.close()
 
     uvloop.run(main())
 
 
 def bench_bus(n: int, tmp: str) -> list[float]:
+    """omni's Mailbox / Outbox on uvloop, msgspec-encoded RequestChunk each way."""
     import uvloop
-    import zmq.asyncio
+
+    from omni.kernel.bus import Mailbox, Outbox
 
     ping, pong = f"ipc://{tmp}/bus-ping", f"ipc://{tmp}/bus-pong"
     proc = mp.get_context("spawn").Process(target=_bus_echo, args=(ping, pong, n))
 
     async def main() -> list[float]:
-        ctx = zmq.asyncio.Context()
-        pull = ctx.socket(zmq.PULL)
-        pull.bind(pong)
+        replies: asyncio.Queue = asyncio.Queue()
+        mailbox = Mailbox(pong, lambda frames: replies.put_nowait(m.decode(frames[0].buffer)), "bench")
+        mailbox.start()
         proc.start()
-        push = ctx.socket(zmq.PUSH)
-        push.connect(ping)
+        outbox = Outbox(lambda peer: ping, "bench")
         msg, times = m.RequestChunk("r" * 32, "a.out->b.in", {"token_ids": [1, 2, 3]}), []
         for i in range(n):
             msg.seq = i
             t0 = time.perf_counter_ns()
-            await push.send_multipart([m.encode(msg)], copy=False)
-            m.decode((await pull.recv_multipart(copy=False))[0].buffer)
+            while not outbox.send("echo", msg):  # the echo process may still be starting
+                await asyncio.sleep(0.01)
+                t0 = time.perf_counter_ns()
+            await replies.get()
             times.append((time.perf_counter_ns() - t0) / 2e3)
-        ctx.destroy(linger=0)
+        mailbox.close()
+        outbox.close()
         return times
 
     times = uvloop.run(main())

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import zmq
-import zmq.asyncio
 
 from omni.kernel import messages as m
+from omni.kernel.bus import Mailbox, Outbox
 from omni.kernel.channels import ChannelFull, is_array, load_channel
 from omni.kernel.driver import StageDriver
 from omni.kernel.graph import OUT, EdgeSpec, Graph
@@ -72,8 +71,7 @@ class Actor:
         self.out_edges = graph.outgoing(stage)
         self.in_edges = graph.incoming(stage)
         self.driver = StageDriver(graph, self.spec, replica, run_dir, n_inputs=max(1, len(self.in_edges)))
-        self.ctx = zmq.asyncio.Context.instance()
-        self._peers: dict[str, zmq.asyncio.Socket] = {}
+        self.outbox = Outbox(lambda peer: endpoint(run_dir, peer), self.name)
         self._links: dict[tuple[str, str], _PeerLink] = {}
         self._credit_event = asyncio.Event()
         self._wake = asyncio.Event()
@@ -89,20 +87,19 @@ class Actor:
 
     async def run(self, ready_extra: dict[str, Any] | None = None) -> None:
         """Bind, set the stage up, report ready, then serve until shutdown."""
-        self.sock = self.ctx.socket(zmq.PULL)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(self.endpoint)
+        self.mailbox = Mailbox(self.endpoint, self._on_frames, self.name)
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._pool, self.driver.setup)
         except Exception as exc:
             log.exception("stage %s failed to set up", self.name)
-            await self._send(KERNEL, m.ActorFailed(self.spec.name, self.replica, _pid(), f"{type(exc).__name__}: {exc}"))
+            self._send(KERNEL, m.ActorFailed(self.spec.name, self.replica, _pid(), f"{type(exc).__name__}: {exc}"))
             await asyncio.sleep(0.1)
             self.close()
             return
-        await self._send(KERNEL, m.ActorReady(self.spec.name, self.replica, _pid(), self.endpoint, ready_extra or {}))
-        tasks = [asyncio.create_task(self._recv_loop()), asyncio.create_task(self._heartbeat_loop())]
+        self.mailbox.start()
+        self._send(KERNEL, m.ActorReady(self.spec.name, self.replica, _pid(), self.endpoint, ready_extra or {}))
+        tasks = [asyncio.create_task(self._heartbeat_loop())]
         self._main_task = asyncio.create_task(self._main_loop())
         try:
             await self._main_task
@@ -127,27 +124,24 @@ class Actor:
             writer.close()
         for reader in self._readers.values():
             reader.close()
-        for sock in self._peers.values():
-            sock.close(linger=0)
-        self.sock.close(linger=0)
+        self.outbox.close()
+        self.mailbox.close()
         self._pool.shutdown(wait=False)
 
     # ---- inbound --------------------------------------------------------------------------
 
-    async def _recv_loop(self) -> None:
-        while True:
-            frames = await self.sock.recv_multipart(copy=False)
-            try:
-                msg = m.decode(frames[0].buffer)
-                await self._dispatch(msg, frames[1:])
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                self.dropped += 1
-                log.warning("%s dropped a malformed message: %s", self.name, exc)
-            except Exception:
-                self.dropped += 1
-                log.exception("%s failed to handle a message; dropped", self.name)
+    def _on_frames(self, frames: list[Any]) -> None:
+        try:
+            msg = m.decode(frames[0].buffer)
+            self._dispatch(msg, frames[1:])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.dropped += 1
+            log.warning("%s dropped a malformed message: %s", self.name, exc)
+        except Exception:
+            self.dropped += 1
+            log.exception("%s failed to handle a message; dropped", self.name)
 
-    async def _dispatch(self, msg: m.AnyMsg, frames: list[Any]) -> None:
+    def _dispatch(self, msg: m.AnyMsg, frames: list[Any]) -> None:
         match msg:
             case m.RequestOpen():
                 if self.driver.is_dead(msg.rid) or msg.rid in self._opened:
@@ -156,7 +150,7 @@ class Actor:
                 self.driver.post_open(msg.rid, msg.params)
                 for edge in self.out_edges:
                     if edge.dst != OUT:
-                        await self._send_to_edge(edge, msg.rid, m.RequestOpen(msg.rid, msg.params, msg.deadline, edge.id))
+                        self._send_to_edge(edge, msg.rid, m.RequestOpen(msg.rid, msg.params, msg.deadline, edge.id))
             case m.RequestChunk():
                 data = self._read_payloads(msg, frames)
                 credit = (msg.edge, self._producer_of(msg.edge, msg.rid), [self._reader_token(d) for d in msg.payloads])
@@ -169,8 +163,7 @@ class Actor:
             case m.EdgeCredit():
                 self._on_credit(msg)
             case m.StatsQuery():
-                stats = self.stats()
-                await self._send(KERNEL, m.StatsReply(msg.token, self.spec.name, self.replica, stats))
+                self._send(KERNEL, m.StatsReply(msg.token, self.spec.name, self.replica, self.stats()))
             case m.PeerUpdate():
                 self._reset_peer(msg.stage, msg.replica)
             case m.ActorShutdown():
@@ -230,9 +223,7 @@ class Actor:
     def _reset_peer(self, stage: str, replica: int) -> None:
         """A downstream replica restarted: forget what it held and talk to the new process."""
         peer = actor_name(stage, replica)
-        sock = self._peers.pop(peer, None)
-        if sock is not None:
-            sock.close(linger=0)
+        self.outbox.reset(peer)
         for (edge_id, link_peer), link in list(self._links.items()):
             if link_peer == peer:
                 edge = next(e for e in self.out_edges if e.id == edge_id)
@@ -250,28 +241,16 @@ class Actor:
             self._writers[channel] = load_channel(channel).writer(owner, self.spec.arena_bytes)
         return self._writers[channel]
 
-    def _peer(self, peer: str) -> zmq.asyncio.Socket:
-        sock = self._peers.get(peer)
-        if sock is None:
-            sock = self.ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(endpoint(self.run_dir, peer))
-            self._peers[peer] = sock
-        return sock
-
-    async def _send(self, peer: str, msg: m.Msg, frames: list[Any] | None = None) -> None:
-        try:
-            await self._peer(peer).send_multipart([m.encode(msg), *(frames or [])], copy=False)
-        except zmq.ZMQError as exc:  # the peer's socket was reset (it restarted): the message was for the dead one
-            log.warning("%s dropped a %s for %s: %s", self.name, type(msg).__name__, peer, exc)
+    def _send(self, peer: str, msg: m.Msg, frames: list[Any] | None = None) -> bool:
+        return self.outbox.send(peer, msg, frames)
 
     def _edge_peer(self, edge: EdgeSpec, rid: str) -> str:
         if edge.dst == OUT:
             return KERNEL
         return actor_name(edge.dst, pick_replica(rid, self.graph.stage(edge.dst).replicas))
 
-    async def _send_to_edge(self, edge: EdgeSpec, rid: str, msg: m.Msg) -> None:
-        await self._send(self._edge_peer(edge, rid), msg)
+    def _send_to_edge(self, edge: EdgeSpec, rid: str, msg: m.Msg) -> None:
+        self._send(self._edge_peer(edge, rid), msg)
 
     async def _send_chunk(self, edge: EdgeSpec, rid: str, data: dict[str, Any], seq: int) -> None:
         peer = self._edge_peer(edge, rid)
@@ -295,9 +274,14 @@ class Actor:
             else:
                 tokens.append(self._reader_token(desc))
             payloads.append(desc)
-        link.credits -= 1
-        link.outstanding.extend(tokens)
-        await self._send(peer, m.RequestChunk(rid, edge.id, meta, payloads, seq), frames)
+        if self._send(peer, m.RequestChunk(rid, edge.id, meta, payloads, seq), frames):
+            link.credits -= 1
+            link.outstanding.extend(tokens)
+        else:  # the consumer is gone: its slots come back now, the supervisor fails the request
+            for desc in payloads:
+                token = self._reader_token(desc)
+                if token >= 0:
+                    self._writer(desc.channel).free(token)
 
     async def _write_array(self, edge: EdgeSpec, key: str, value: Any, link: _PeerLink) -> tuple[m.PayloadDesc, list[Any]]:
         channel = edge_channel(self.graph, edge)
@@ -321,7 +305,7 @@ class Actor:
         if rid not in self._opened:  # cancelled or already finished here
             return
         if emit.error is not None:
-            await self._send(KERNEL, m.RequestError(rid, self.spec.name, emit.error_kind, emit.error))
+            self._send(KERNEL, m.RequestError(rid, self.spec.name, emit.error_kind, emit.error))
             self.driver.post_cancel(rid)
             self._forget(rid)
             return
@@ -338,7 +322,7 @@ class Actor:
             for edge in self.out_edges:
                 for i, data in enumerate(self._final_buffers.pop((rid, edge.id), [])):
                     await self._send_chunk(edge, rid, data, i)
-                await self._send_to_edge(edge, rid, m.RequestEnd(rid, edge.id, emit.end_meta or {}))
+                self._send_to_edge(edge, rid, m.RequestEnd(rid, edge.id, emit.end_meta or {}))
             self._forget(rid)
 
     def _forget(self, rid: str) -> None:
@@ -358,13 +342,13 @@ class Actor:
                     continue
             emits, credits = await loop.run_in_executor(self._pool, self.driver.run_once)
             for edge_id, producer, tokens in credits:
-                await self._send(producer, m.EdgeCredit(edge_id, 1, [t for t in tokens if t >= 0], self.name))
+                self._send(producer, m.EdgeCredit(edge_id, 1, [t for t in tokens if t >= 0], self.name))
             for emit in emits:
                 await self._emit(emit)
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await self._send(KERNEL, m.ActorHeartbeat(self.spec.name, self.replica, self.stats()))
+            self._send(KERNEL, m.ActorHeartbeat(self.spec.name, self.replica, self.stats()))
             await asyncio.sleep(HEARTBEAT_S)
 
     def stats(self) -> dict[str, Any]:

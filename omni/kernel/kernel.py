@@ -21,11 +21,10 @@ import uuid
 from typing import Any
 
 import msgspec
-import zmq
-import zmq.asyncio
 
 from omni.kernel import messages as m
 from omni.kernel.actor import KERNEL, pick_replica
+from omni.kernel.bus import Mailbox, Outbox
 from omni.kernel.channels import load_channel
 from omni.kernel.errors import (
     DeadlineExceeded,
@@ -94,17 +93,14 @@ class Kernel:
 
     async def start(self) -> None:
         self.run_dir = str(make_run_dir(self.instance))
-        self.ctx = zmq.asyncio.Context.instance()
-        self.sock = self.ctx.socket(zmq.PULL)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(endpoint(self.run_dir, KERNEL))
-        self._peers: dict[str, zmq.asyncio.Socket] = {}
+        self.mailbox = Mailbox(endpoint(self.run_dir, KERNEL), self._on_frames, KERNEL)
+        self.outbox = Outbox(lambda peer: endpoint(self.run_dir, peer), KERNEL)
+        self.mailbox.start()
         self._launcher = Launcher(self.graph, self.mode, self.run_dir, self.instance, self._log_level, self._env)
         for spec in self.graph.stages:
             for replica in range(spec.replicas):
                 handle = ActorHandle(spec.name, replica)
                 self._handles[handle.name] = handle
-        self._tasks.append(asyncio.create_task(self._recv_loop()))
         for handle in self._handles.values():
             self._launcher.launch(handle)
         try:
@@ -133,22 +129,17 @@ class Kernel:
         if self._closed:
             return
         self._closed = True
-        for task in self._tasks[1:]:
+        for task in self._tasks:
             task.cancel()
         for rid in list(self._inflight):
             self._finish(rid, KernelClosed("the kernel is shutting down"))
         for handle in self._handles.values():
             if handle.alive():
-                try:
-                    await self._send(handle.name, m.ActorShutdown("kernel stop"))
-                except zmq.ZMQError:
-                    pass
+                self._send(handle.name, m.ActorShutdown("kernel stop"))
         await asyncio.gather(*(self._launcher.stop(h, 5.0) for h in self._handles.values()))
-        self._tasks[0].cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for sock in self._peers.values():
-            sock.close(linger=0)
-        self.sock.close(linger=0)
+        self.outbox.close()
+        self.mailbox.close()
         for reader in self._readers.values():
             reader.close()
         unlink_shm_prefix(f"omni-{self.instance}-")
@@ -187,12 +178,9 @@ class Kernel:
         entry = self.graph.entry
         target = actor_name(entry, pick_replica(rid, self.graph.stage(entry).replicas))
         edge = ENTRY_EDGE.format(entry=entry)
-        asyncio.create_task(self._open(target, m.RequestOpen(rid, params, deadline, edge), m.RequestEnd(rid, edge)))
+        if not (self._send(target, m.RequestOpen(rid, params, deadline, edge)) and self._send(target, m.RequestEnd(rid, edge))):
+            self._finish(rid, StageFailed(f"stage {target} is not reachable"))
         return RequestStream(self, request)
-
-    async def _open(self, target: str, open_msg: m.RequestOpen, end_msg: m.RequestEnd) -> None:
-        await self._send(target, open_msg)
-        await self._send(target, end_msg)
 
     async def cancel(self, rid: str, reason: str = "cancelled by the client") -> None:
         if rid in self._inflight:
@@ -221,19 +209,15 @@ class Kernel:
     def _broadcast_cancel(self, rid: str, reason: str, only: list[str] | None = None) -> None:
         for name in only or list(self._handles):
             if self._handles[name].state in (ActorState.UP, ActorState.STARTING, ActorState.RESTARTING):
-                asyncio.create_task(self._send(name, m.RequestCancel(rid, reason)))
+                self._send(name, m.RequestCancel(rid, reason))
 
     # ---- inbound ------------------------------------------------------------------------
 
-    async def _recv_loop(self) -> None:
-        while True:
-            frames = await self.sock.recv_multipart(copy=False)
-            try:
-                self._dispatch(m.decode(frames[0].buffer), frames[1:])
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                log.warning("kernel dropped a malformed message: %s", exc)
-            except Exception:
-                log.exception("kernel failed to handle a message")
+    def _on_frames(self, frames: list[Any]) -> None:
+        try:
+            self._dispatch(m.decode(frames[0].buffer), frames[1:])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("kernel dropped a malformed message: %s", exc)
 
     def _dispatch(self, msg: m.AnyMsg, frames: list[Any]) -> None:
         match msg:
@@ -283,7 +267,7 @@ class Kernel:
         src, port = msg.edge.split("->", 1)[0].split(".", 1)
         if tokens:  # exit edges have no credit limit; only payload slots need returning
             producer = actor_name(src, pick_replica(msg.rid, self.graph.stage(src).replicas))
-            asyncio.create_task(self._send(producer, m.EdgeCredit(msg.edge, 1, tokens, KERNEL)))
+            self._send(producer, m.EdgeCredit(msg.edge, 1, tokens, KERNEL))
         request = self._inflight.get(msg.rid)
         if request is not None:
             request.queue.put_nowait(OutputEvent(msg.rid, src, port, data))
@@ -312,9 +296,7 @@ class Kernel:
             self._finish(rid, StageFailed(f"stage {handle.name} died ({reason}) while serving request {rid}"))
         unlink_shm_prefix(shm_owner(self.instance, handle.stage, handle.replica))
         remove_socket(self.run_dir, handle.name)
-        stale = self._peers.pop(handle.name, None)  # drop what was queued for the dead process
-        if stale is not None:
-            stale.close(linger=0)
+        self.outbox.reset(handle.name)  # drop what was queued for the dead process
         delay = restart_delay(handle)
         if len(handle.restarts) >= spec.max_restarts:
             handle.state = ActorState.DOWN
@@ -337,9 +319,9 @@ class Kernel:
             return
         for name in self._handles:
             if name != handle.name:
-                await self._send(name, m.PeerUpdate(handle.stage, handle.replica, endpoint(self.run_dir, handle.name)))
+                self._send(name, m.PeerUpdate(handle.stage, handle.replica, endpoint(self.run_dir, handle.name)))
         for rid in victims:
-            await self._send(handle.name, m.RequestCancel(rid, "stage restarted"))
+            self._send(handle.name, m.RequestCancel(rid, "stage restarted"))
         log.warning("stage %s restarted", handle.name)
 
     # ---- queries ----------------------------------------------------------------------------
@@ -360,7 +342,7 @@ class Kernel:
         up = [h.name for h in self._handles.values() if h.state is ActorState.UP]
         try:
             for name in up:
-                await self._send(name, m.StatsQuery(token))
+                self._send(name, m.StatsQuery(token))
             deadline = time.monotonic() + timeout_s
             while len(replies) < len(up) and time.monotonic() < deadline:
                 await asyncio.sleep(0.005)
@@ -397,11 +379,5 @@ class Kernel:
 
     # ---- plumbing --------------------------------------------------------------------------
 
-    async def _send(self, name: str, msg: m.Msg) -> None:
-        sock = self._peers.get(name)
-        if sock is None:
-            sock = self.ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(endpoint(self.run_dir, name))
-            self._peers[name] = sock
-        await sock.send(m.encode(msg))
+    def _send(self, name: str, msg: m.Msg) -> bool:
+        return self.outbox.send(name, msg)
