@@ -106,7 +106,8 @@ class ToyGenerator(Stage):
         self.steps = 0
 
     def open(self, rid: str, params: dict[str, Any]) -> None:
-        sampling = params.get("sampling", {}).get(self.ctx.name, {})
+        stages = params.get("sampling", {})  # its own name, or the API's name for the text model
+        sampling = stages.get(self.ctx.name) or stages.get("thinker") or {}
         max_tokens = int(sampling.get("max_tokens", params.get("max_tokens", 16)))
         if not 1 <= max_tokens <= 100_000:
             raise InvalidRequest(f"max_tokens must be in [1, 100000], got {max_tokens}")
