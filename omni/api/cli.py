@@ -1,6 +1,6 @@
 """`omnid`: serve a model over the OpenAI-compatible API, make a tiny test model, list plugins.
 
-    omnid serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--config FILE] [--set k=v ...]
+    omnid serve [--model DIR|FAMILY] [--host 127.0.0.1] [--port 8000] [--config FILE] [--set k=v ...]
                 [--api-key KEY] [--max-concurrent N]
     omnid make-tiny DIR
     omnid plugins
@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "--model-path", dest="model", default=None,
-                        help="checkpoint directory (config.json + safetensors); default: the embedded model")
+                        help="checkpoint directory (config.json + safetensors) or a model family's name "
+                             "(`omnid plugins` lists those plugins add); default: the embedded model")
     parser.add_argument("--family", default=None, help="model family, when config.json does not say")
     parser.add_argument("--variant", default=None, help="graph variant of the family (e.g. speech, text)")
     parser.add_argument("--host", default="127.0.0.1")
@@ -65,13 +66,49 @@ class CliError(Exception):
     """A startup problem worth one clear line, not a traceback."""
 
 
+def config_model_table(path: str | None) -> dict:
+    """The `[model]` table of the --config file: family, path, variant (flags win over it)."""
+    if not path:
+        return {}
+    text = Path(path).read_text()
+    if Path(path).suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    else:
+        import tomllib
+
+        data = tomllib.loads(text)
+    table = data.get("model", {})
+    if not isinstance(table, dict) or set(table) - {"family", "path", "variant"}:
+        raise CliError(f"{path}: [model] takes only family, path and variant, got {table!r}")
+    return table
+
+
+def select_model(args: argparse.Namespace, families) -> tuple[str | None, str | None, str | None]:
+    """(model_dir, family, variant): `--model` is a checkpoint dir or a registered family's name."""
+    try:
+        table = config_model_table(args.config)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read --config: {exc}") from None
+    model, family = args.model or table.get("path"), args.family or table.get("family")
+    variant = args.variant or table.get("variant")
+    if model and not family and model in families and not Path(model).exists():
+        model, family = None, model
+    if not model and not family:
+        model, family = embedded_default_model()
+    return model, family, variant
+
+
 def load_model(args: argparse.Namespace):
     """(graph, info) for --model DIR (or the embedded default), with --config / --set applied."""
     from omni.kernel.graph import apply_overrides, load_override_file, parse_set_flags
     from omni.kernel.registry import REGISTRY, resolve
 
-    REGISTRY.load_plugins()
-    model_dir, family = (args.model, args.family) if args.model else embedded_default_model()
+    for report in REGISTRY.load_plugins():
+        if not report.ok:
+            _say(f"omnid: plugin {report.name!r} failed to load ({report.error}); serving without it")
+    model_dir, family, variant = select_model(args, REGISTRY.families)
     try:
         if family:
             entry = REGISTRY.family_for(name=family)
@@ -81,7 +118,7 @@ def load_model(args: argparse.Namespace):
                 raise CliError(f"{model_dir}: no config.json (is --model a checkpoint directory?)")
             archs = json.loads(config_path.read_text()).get("architectures") or []
             entry = REGISTRY.family_for(architectures=archs)
-        graph, info = resolve(entry.target)(model_dir, args.variant)
+        graph, info = resolve(entry.target)(model_dir, variant)
         overrides = load_override_file(args.config) if args.config else {}
         for stage, fields in parse_set_flags(args.sets).items():
             overrides.setdefault(stage, {}).update(fields)

@@ -36,6 +36,13 @@ class FamilyEntry:
     target: str  # "module:function" -> function(model_dir, variant, **options) -> (Graph, ModelInfo)
     architectures: list[str] = field(default_factory=list)
     provider: str = "omni"
+    tasks: list[str] = field(default_factory=list)  # what it serves: "chat", "speech", "transcribe"
+    voices: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        extras = [", ".join(self.tasks)] if self.tasks else []
+        extras += [f"voices {', '.join(self.voices)}"] if self.voices else []
+        return f"family:{self.name}" + (f" ({'; '.join(extras)})" if extras else "")
 
 
 @dataclass
@@ -63,15 +70,24 @@ class Registry:
         self.families: dict[str, FamilyEntry] = {}
         self.plugins: list[PluginReport] = []
         self._current_provider = "omni"
+        self._provided: list[str] = []  # what the plugin being loaded registered
+        self.plugins_loaded = False
 
     def register_stage(self, kind: str, target: str) -> None:
         self.stage_kinds[kind] = target
+        self._provided.append(f"stage:{kind}")
 
-    def register_family(self, name: str, target: str, architectures: list[str] | tuple[str, ...] = ()) -> None:
-        self.families[name] = FamilyEntry(name, target, list(architectures), self._current_provider)
+    def register_family(self, name: str, target: str, architectures: list[str] | tuple[str, ...] = (), *,
+                        tasks: list[str] | tuple[str, ...] = (), voices: list[str] | tuple[str, ...] = ()) -> None:
+        entry = FamilyEntry(name, target, list(architectures), self._current_provider, list(tasks), list(voices))
+        self.families[name] = entry
+        self._provided.append(entry.describe())
 
     def stage_class(self, kind: str) -> Any:
-        """A stage kind is a registered name or a `module:factory` string."""
+        """A stage kind is a registered name or a `module:factory` string. An unknown name loads the
+        plugins first: a stage process starts with only omni's own kinds registered."""
+        if kind not in self.stage_kinds and ":" not in kind and not self.plugins_loaded:
+            self.load_plugins()
         target = self.stage_kinds.get(kind, kind)
         if ":" not in target:
             raise ValueError(f"unknown stage kind {kind!r}; registered: {sorted(self.stage_kinds)}")
@@ -91,9 +107,9 @@ class Registry:
     def load_plugins(self, group: str = "omni.plugins") -> list[PluginReport]:
         """Run every installed plugin's entry point; a broken one is reported, never fatal."""
         self.plugins = []
+        self.plugins_loaded = True
         for ep in metadata.entry_points(group=group):
-            before_stages, before_families = set(self.stage_kinds), set(self.families)
-            self._current_provider = ep.name
+            self._current_provider, self._provided = ep.name, []
             try:
                 ep.load()(self)
             except Exception as exc:  # a plugin's bug must not stop the others
@@ -102,9 +118,8 @@ class Registry:
                 continue
             finally:
                 self._current_provider = "omni"
-            provides = [f"stage:{k}" for k in sorted(set(self.stage_kinds) - before_stages)]
-            provides += [f"family:{f}" for f in sorted(set(self.families) - before_families)]
-            self.plugins.append(PluginReport(ep.name, True, provides))
+            self.plugins.append(PluginReport(ep.name, True, list(self._provided)))
+        self._provided = []
         return self.plugins
 
 
