@@ -5,6 +5,9 @@ architecture is honoured here (see REFERENCE-NOTES.md): talker vocab = codebook 
 special ids inside that top 1024, code groups = code2wav quantizers, speaker ids as a dict,
 `spatial_merge_size` / `shared_expert_intermediate_size` passed explicitly, mrope sections
 summing to head_dim / 2, and an init range wide enough that greedy outputs are not near-ties.
+transformers leaves the talker's routed experts uninitialised (`torch.empty`), so they are filled
+here from a generator seeded by `seed`: the same seed always gives the same bytes. A marker file,
+`omni_tiny.json`, says the weights are random (omni then says so when serving them).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ SPEAKER_OFFSETS = {"chelsie": 253, "ethan": 254, "aiden": 255}
 
 # The published layout of preprocessor_config.json, with a small pixel budget
 # (4..64 patches of 16x16 per image) so tiny tests stay fast.
+TINY_MARKER = "omni_tiny.json"
+
 PREPROCESSOR_CONFIG = {
     "feature_extractor_type": "WhisperFeatureExtractor",
     "feature_size": 128,
@@ -212,11 +217,26 @@ def make_tiny(out_dir: str | Path, seed: int = 0, preset: str = "tiny-a") -> Pat
         hf_logging.set_verbosity(verbosity)
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    init_talker_experts(model, seed, get_preset(preset).init_range)
     model.generation_config = GenerationConfig(eos_token_id=token_ids()["<|im_end|>"])
     model.save_pretrained(str(out), safe_serialization=True)
     save_tokenizer(out)
     (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n")
+    marker = {"random_weights": True, "preset": preset, "seed": seed}
+    (out / TINY_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     return out
+
+
+def init_talker_experts(model, seed: int, std: float) -> None:
+    """Fill the talker's routed-expert weights (left as `torch.empty` by transformers) with
+    N(0, std) draws from a generator seeded by `seed`, in parameter-name order."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 7919)
+    with torch.no_grad():
+        for name, param in sorted(model.talker.named_parameters()):
+            if name.startswith("model.layers.") and ".mlp.experts." in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
 
 
 def _check(ok: bool, message: str) -> None:

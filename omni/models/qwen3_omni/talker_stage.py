@@ -1,6 +1,6 @@
 """`TalkerStage`: the talker on the AR engine, fed by the thinker's hidden-state stream.
 
-Per request: `open` takes the voice (`params["speaker"]`) and the talker's sampling
+Per request: `open` takes the voice (`params["voice"]` or `params["speaker"]`) and the talker's sampling
 (`params["sampling"]["talker"]`: temperature, top_k, top_p, repetition_penalty, max_tokens,
 seed; temperature 0 = greedy). `feed(rid, "hidden", data)` takes the thinker's rows for its
 newest tokens, as {"embed": layer 0, "hidden": layer accept_hidden_layer, "token_ids"} (the
@@ -10,7 +10,7 @@ token ids come from `params["prompt_token_ids"]` or the first chunk's `token_ids
 with images / videos also needs their grids (`image_grid_thw`, `video_grid_thw`,
 `video_second_per_grid`, as the vision encoder sends them) in a chunk on any port. As soon
 as the prefill can be built the sequence enters the engine; later steps park until the
-thinker row they need arrives, or `close_input` says the thinker is done.
+thinker row they need arrives, or `close_input` says the thinker is done. A request whose modalities leave audio out ends at once, without work.
 
 Each step emits Emit(rid, "codes", {"codes": int64 [1, num_code_groups]}) per new frame
 and Emit(rid, finish=True) at codec EOS or max_tokens.
@@ -26,6 +26,7 @@ import torch
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, StageContext
+from omni.models.qwen3_omni.request import voice_of, wants_audio
 from omni.models.qwen3_omni.rope import VisionGrid
 from omni.models.qwen3_omni.talker import TalkerModel, TalkerRequest
 from omni.stages.ar.engine import StepOutput
@@ -94,9 +95,12 @@ class TalkerStage(ARStage):
 
     # ---- requests -------------------------------------------------------------------
     def open(self, rid: str, params: dict[str, Any]) -> None:
+        if not wants_audio(params):
+            self._errors.append(Emit(rid, finish=True))
+            return
         try:
             sampling = self.sampling_params(params)
-            speaker = str(params.get("speaker") or self.ctx.args.get("speaker") or DEFAULT_SPEAKER)
+            speaker = voice_of(params) or str(self.ctx.args.get("speaker") or DEFAULT_SPEAKER)
             prompt = params.get("prompt_token_ids")
             req = self.model.new_request(speaker, sampling.greedy, sampling.seed, list(prompt) if prompt else None)
         except InvalidRequest as exc:

@@ -10,7 +10,10 @@ encoder outputs arrive as chunks with the keys `Qwen3OmniThinker.prepare` takes
 (`audio_embeds`, `image_embeds`, `image_grid_thw`, `image_deepstack`, `video_*`); a key
 that arrives in several chunks (several audios or images) is concatenated in arrival
 order, which must be prompt order. Sampling: `params["sampling"]["thinker"]`.
-Emits as `ARStage`: `text` token ids, `hidden` taps ("layer_0", "layer_<accept>").
+Emits as `ARStage`: `text` {"token_ids", "text": the new text (detokenized incrementally, special
+tokens skipped; with a `model_dir`)}, `hidden` taps ("layer_0", "layer_<accept>"), only for requests
+that want audio (`request.wants_audio`); the request's End carries {"finish_reason", "usage":
+{"prompt_tokens", "completion_tokens"}}.
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ from typing import Any
 
 import torch
 
-from omni.kernel.stage import StageContext
+from omni.kernel.stage import Emit, StageContext
 from omni.models.qwen3_omni.config import load_config
+from omni.models.qwen3_omni.request import wants_audio
 from omni.models.qwen3_omni.thinker import Qwen3OmniThinker
 from omni.stages.ar.config import EngineConfig
+from omni.stages.ar.detokenizer import TextStream, load_tokenizer
+from omni.stages.ar.engine import StepOutput
 from omni.stages.ar.stage import ARStage, copy_input
 
 
@@ -32,6 +38,13 @@ class ThinkerStage(ARStage):
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
         self.full_config = load_config(ctx.args["model_dir"]) if ctx.args.get("model_dir") else None
+        self.tokenizer = None
+        self._texts: dict[str, TextStream] = {}
+
+    def setup(self) -> None:
+        super().setup()
+        if self.ctx.args.get("model_dir"):
+            self.tokenizer = load_tokenizer(self.ctx.args["model_dir"])
 
     def build_model(self) -> Qwen3OmniThinker:
         args = self.ctx.args
@@ -61,3 +74,34 @@ class ThinkerStage(ARStage):
                 pending.token_ids.extend(int(t) for t in value)
             else:
                 pending.inputs.setdefault(key, []).append(copy_input(value))
+
+    def wants_hidden(self, params: dict[str, Any]) -> bool:
+        """Taps feed the talker: none for a request that asked for text only."""
+        return super().wants_hidden(params) and wants_audio(params)
+
+    def submit(self, rid: str, params: dict[str, Any], token_ids: list[int], inputs: dict[str, Any]) -> None:
+        super().submit(rid, params, token_ids, inputs)
+        self._texts[rid] = TextStream(self.tokenizer)
+
+    def abort(self, rid: str) -> None:
+        self._texts.pop(rid, None)
+        super().abort(rid)
+
+    def emits_for(self, out: StepOutput) -> list[Emit]:
+        emits = super().emits_for(out)
+        stream = self._texts.get(out.rid)
+        if stream is None:
+            return emits
+        for emit in emits:
+            if emit.port == self.text_port and emit.data is not None:
+                ids = emit.data["token_ids"]
+                if self.tokenizer is None:
+                    stream.ids.extend(ids)
+                else:
+                    text = stream.push(ids)
+                    emit.data["text"] = text + stream.flush() if out.finished else text
+            if emit.finish:
+                usage = {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": len(stream.ids)}
+                emit.end_meta = {"finish_reason": out.finish_reason, "usage": usage}
+                del self._texts[out.rid]
+        return emits

@@ -1,0 +1,127 @@
+"""The Qwen3-Omni family: a checkpoint directory -> the stage graph that serves it, and its ModelInfo.
+
+    preprocess --audio--> audio_encoder --embeds--> thinker --text--> (client)
+        |      --image--> vision_encoder --embeds--^   |
+        |      --prompt-----------------------------^   +--hidden--> talker --codes--> code2wav --audio--> (client)
+        +--grids (image grids, for the talker's M-RoPE)-------------------^
+
+Variants: `speech` (default; text and audio out) and `text` (thinker only: the talker and
+code2wav are neither in the graph nor loaded). Every stage loads only its own weights.
+
+Options (all optional): `device`, `dtype` (e.g. "bfloat16"), `model_id`, `first_chunk_frames` /
+`chunk_frames` (the vocoder's first and later chunk sizes), `stage_args` ({stage: {arg: value}},
+merged last, e.g. engine sizes `{"thinker": {"num_blocks": 1024}}`). A checkpoint written by
+`make_tiny` (it leaves `omni_tiny.json`) is flagged as random weights and gets short default
+lengths: it says noise, and a random talker rarely finds its EOS.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from omni.kernel.errors import GraphError
+from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
+from omni.kernel.registry import ModelInfo
+from omni.models.qwen3_omni.config import Qwen3OmniConfig, load_config
+from omni.models.qwen3_omni.make_tiny import TINY_MARKER  # next to a random-weight checkpoint
+
+FAMILY = "qwen3-omni"
+VARIANTS = ("speech", "text")
+DEFAULT_VOICE = "ethan"  # transformers' default speaker
+# transformers' generate defaults: thinker_max_new_tokens 1024, talker_max_new_tokens 4096
+DEFAULT_MAX_TOKENS = {"thinker": 1024, "talker": 4096}
+TINY_MAX_TOKENS = {"thinker": 64, "talker": 256}
+
+_KINDS = {
+    "preprocess": "omni.models.qwen3_omni.preprocess_stage:PreprocessStage",
+    "audio_encoder": "omni.models.qwen3_omni.audio_encoder:AudioEncoderStage",
+    "vision_encoder": "omni.models.qwen3_omni.vision_encoder:VisionEncoderStage",
+    "thinker": "omni.models.qwen3_omni.thinker_stage:ThinkerStage",
+    "talker": "omni.models.qwen3_omni.talker_stage:TalkerStage",
+    "code2wav": "omni.models.qwen3_omni.code2wav:Code2WavStage",
+}
+
+
+def voices_of(cfg: Qwen3OmniConfig) -> list[str]:
+    """The talker's speakers, transformers' default first (the API's default voice is the first)."""
+    if cfg.talker is None:
+        return []
+    names = sorted(cfg.talker.speaker_id)
+    return sorted(names, key=lambda n: n != DEFAULT_VOICE)
+
+
+def is_tiny(model_dir: str | Path) -> bool:
+    return (Path(model_dir) / TINY_MARKER).is_file()
+
+
+def build(model_dir: str | Path | None, variant: str | None = None, **options: Any) -> tuple[Graph, ModelInfo]:
+    if model_dir is None:
+        raise GraphError("the qwen3-omni family needs a checkpoint directory")
+    model_dir = str(Path(model_dir).resolve())
+    variant = variant or "speech"
+    if variant not in VARIANTS:
+        raise GraphError(f"unknown variant {variant!r} of {FAMILY}; variants: {', '.join(VARIANTS)}")
+    cfg = load_config(model_dir)
+    if variant == "speech" and cfg.talker is None:
+        raise GraphError(f"{model_dir} has no talker / code2wav (no audio output); use variant 'text'")
+    speaks = variant == "speech"
+    tiny = is_tiny(model_dir)
+    lengths = TINY_MAX_TOKENS if tiny else DEFAULT_MAX_TOKENS
+    device, dtype = options.get("device", "cpu"), options.get("dtype")
+    voices = voices_of(cfg) if speaks else []
+
+    def stage(name: str, args: dict[str, Any], **spec: Any) -> StageSpec:
+        args = {**args, **({"dtype": dtype} if dtype else {}), **options.get("stage_args", {}).get(name, {})}
+        return StageSpec(name, _KINDS[name], args=args, device="cpu" if name == "preprocess" else device, **spec)
+
+    stages = [
+        stage("preprocess", {"model_dir": model_dir, "voices": voices}),
+        stage("audio_encoder", {"model": model_dir, "out_port": "embeds"}),
+        stage("vision_encoder", {"model": model_dir, "out_port": "embeds"}),
+        stage("thinker", {"model_dir": model_dir, "default_sampling": {"max_tokens": lengths["thinker"]}}),
+    ]
+    edges = [
+        EdgeSpec("preprocess", "audio", "audio_encoder"),
+        EdgeSpec("preprocess", "image", "vision_encoder"),
+        EdgeSpec("preprocess", "prompt", "thinker"),
+        EdgeSpec("audio_encoder", "embeds", "thinker", "audio"),
+        EdgeSpec("vision_encoder", "embeds", "thinker", "image"),
+        EdgeSpec("thinker", "text", OUT),
+    ]
+    if speaks:
+        stages += [
+            stage("talker", {"model_dir": model_dir, "speaker": voices[0] if voices else DEFAULT_VOICE,
+                             "default_sampling": {"max_tokens": lengths["talker"]}}),
+            stage("code2wav", {"model": model_dir, "first_chunk_frames": options.get("first_chunk_frames", 4),
+                               "chunk_frames": options.get("chunk_frames", 12)}),
+        ]
+        edges += [
+            EdgeSpec("thinker", "hidden", "talker"),
+            EdgeSpec("preprocess", "grids", "talker"),
+            EdgeSpec("talker", "codes", "code2wav"),
+            EdgeSpec("code2wav", "audio", OUT),
+        ]
+    graph = Graph(name=f"{FAMILY}-{variant}", stages=stages, edges=edges, entry="preprocess")
+    graph.validate()
+    info = ModelInfo(
+        id=options.get("model_id") or Path(model_dir).name,
+        family=FAMILY,
+        speaks=speaks,
+        transcribes=True,
+        voices=voices,
+        sample_rate=cfg.code2wav.sample_rate if cfg.code2wav is not None else 24000,
+        random_weights=tiny,
+        extra={"variant": variant, "model_dir": model_dir, **_tiny_facts(model_dir, tiny)},
+    )
+    return graph, info
+
+
+def _tiny_facts(model_dir: str, tiny: bool) -> dict[str, Any]:
+    if not tiny:
+        return {}
+    try:
+        return {"tiny": json.loads((Path(model_dir) / TINY_MARKER).read_text())}
+    except ValueError:
+        return {"tiny": {}}
