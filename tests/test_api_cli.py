@@ -50,7 +50,8 @@ def alive(pid: int) -> bool:
 
 
 def test_serve_subprocess_end_to_end_and_sigterm_drains():
-    proc = omnid("serve", "--port", "0", "--set", "generator.args.step_delay_s=0.01", "--max-concurrent", "4")
+    proc = omnid("serve", "--model", "demo", "--port", "0", "--set", "generator.args.step_delay_s=0.01",
+                 "--max-concurrent", "4")
     try:
         url, progress = read_until_listening(proc)
         assert any("stages up" in line for line in progress), progress
@@ -90,7 +91,7 @@ def test_serve_subprocess_end_to_end_and_sigterm_drains():
 
 
 def test_bad_override_is_one_clear_line():
-    proc = omnid("serve", "--port", "0", "--set", "nosuchstage.replicas=2")
+    proc = omnid("serve", "--model", "demo", "--port", "0", "--set", "nosuchstage.replicas=2")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert "omnid: error:" in err and "nosuchstage" in err and "Traceback" not in err

@@ -2,7 +2,7 @@
 
     omnid serve [--model DIR|FAMILY] [--host 127.0.0.1] [--port 8000] [--config FILE] [--set k=v ...]
                 [--api-key KEY] [--max-concurrent N]
-    omnid make-tiny DIR
+    omnid make-tiny [qwen3-omni] DIR [--seed N] [--preset NAME]
     omnid plugins
 """
 
@@ -19,10 +19,43 @@ from pathlib import Path
 log = logging.getLogger("omnid")
 
 
+TINY_FAMILIES = ("qwen3-omni",)  # families `make-tiny` can write
+EMBEDDED_PRESET, EMBEDDED_SEED = "tiny-a", 0
+
+
+def cache_dir() -> Path:
+    """Where omnid keeps what it makes: $OMNI_CACHE_DIR, else $XDG_CACHE_HOME/omni, else ~/.cache/omni."""
+    if os.environ.get("OMNI_CACHE_DIR"):
+        return Path(os.environ["OMNI_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "omni"
+
+
 def embedded_default_model() -> tuple[str | None, str | None]:
-    """(model_dir, family) served when no --model is given. Switch this one place when the tiny
-    Qwen3-Omni is ready: make it with make_tiny into a cache dir and return (dir, None)."""
-    return None, "demo"
+    """(model_dir, family) served when no --model is given: a tiny RANDOM-weight Qwen3-Omni, made
+    once with make_tiny into the cache dir (a few MB, about a second). `--model demo` serves the
+    weightless demo pipeline instead."""
+    from omni.models.qwen3_omni.make_tiny import TINY_MARKER, make_tiny
+
+    path = cache_dir() / f"qwen3-omni-{EMBEDDED_PRESET}-seed{EMBEDDED_SEED}"
+    if not (path / TINY_MARKER).is_file():
+        _say(f"omnid: making the embedded tiny Qwen3-Omni (random weights) in {path}")
+        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        try:
+            make_tiny(tmp, seed=EMBEDDED_SEED, preset=EMBEDDED_PRESET)
+            if not path.exists():
+                os.replace(tmp, path)
+        except OSError as exc:
+            if not (path / TINY_MARKER).is_file():  # not a lost race with another omnid
+                raise CliError(f"cannot write the embedded model to {path}: {exc}") from None
+        finally:
+            if tmp.exists():
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
+    log.warning("no --model given: serving the embedded tiny Qwen3-Omni from %s. Its weights are RANDOM: "
+                "its text and speech are noise (use --model DIR for a real checkpoint, --model demo for the demo)",
+                path)
+    return str(path), None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve a model")
     add_serve_args(serve)
     tiny = sub.add_parser("make-tiny", help="write a tiny random Qwen3-Omni checkpoint (for tests)")
-    tiny.add_argument("dir", help="output directory")
+    tiny.add_argument("target", nargs="+", metavar="[FAMILY] DIR",
+                      help=f"model family (default and only one: {TINY_FAMILIES[0]}) and output directory")
     tiny.add_argument("--preset", default=None, help="size preset of the tiny model")
     tiny.add_argument("--seed", type=int, default=0)
     sub.add_parser("plugins", help="list installed omni plugins and what they provide")
@@ -183,16 +217,21 @@ def _run(coro) -> None:
 
 
 def make_tiny(args: argparse.Namespace) -> None:
+    if len(args.target) > 2:
+        raise CliError(f"make-tiny takes [FAMILY] DIR, got {' '.join(args.target)}")
+    family, out_dir = (TINY_FAMILIES[0], *args.target) if len(args.target) == 1 else args.target
+    if family not in TINY_FAMILIES:
+        raise CliError(f"make-tiny knows the families {', '.join(TINY_FAMILIES)}, not {family!r}")
     try:
         from omni.models.qwen3_omni.make_tiny import make_tiny as make
     except ImportError as exc:
         raise CliError(f"make-tiny is not available in this build: {exc}") from None
     options = {"seed": args.seed, **({"preset": args.preset} if args.preset else {})}
     try:
-        path = make(args.dir, **options)
+        path = make(out_dir, **options)
     except (ValueError, KeyError, OSError) as exc:
         raise CliError(f"make-tiny failed: {exc}") from None
-    _say(f"omnid: wrote a tiny random Qwen3-Omni to {path or args.dir}")
+    _say(f"omnid: wrote a tiny random Qwen3-Omni to {path or out_dir}")
 
 
 def list_plugins(args: argparse.Namespace) -> None:
