@@ -134,3 +134,4 @@ for _kind, _target in {
     REGISTRY.register_stage(_kind, _target)
 REGISTRY.register_family("demo", "omni.stages.demo:build_demo", ["OmniDemo"])
 REGISTRY.register_family("qwen3-omni", "omni.models.qwen3_omni.graph:build", ["Qwen3OmniMoeForConditionalGeneration"])
+REGISTRY.register_family("whisper", "omni.models.whisper.graph:build", ["WhisperForConditionalGeneration"], tasks=["transcribe"])

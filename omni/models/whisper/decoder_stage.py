@@ -1,0 +1,226 @@
+"""The Whisper decoder stage: every window of every request is one sequence on the AR engine.
+
+A request's windows arrive from the encoder stage as chunks; each becomes an engine sequence
+as soon as its language is known (given, English-only model, or detected from window 0 by one
+constrained decoder step). Windows decode in parallel with every other request's (continuous
+batching); finished windows leave in order on `text` as {"text", "token_ids", "window",
+"language", "segments"?}, and the request ends with its usage once its last window is out.
+
+Request params read: task ("transcribe" | "translate"), language (code, name or None),
+timestamps (bool: segments with times, as verbose_json / srt / vtt need), prompt (previous
+text), sampling[<stage name> | "thinker"] (temperature, max_tokens, seed, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from omni.kernel.errors import InvalidRequest
+from omni.kernel.stage import Emit, Stage, StageContext
+from omni.models.whisper.config import WhisperConfig
+from omni.models.whisper.decoder import WhisperDecoder
+from omni.models.whisper.logits import RULES, DecodeRules, WhisperSampler
+from omni.models.whisper.transcript import WhisperText, join_texts
+from omni.stages.ar.config import EngineConfig
+from omni.stages.ar.engine import AREngine
+from omni.stages.ar.sequence import SamplingParams
+
+DETECT = "lang"  # engine rid suffix of a language-detection sequence
+
+
+@dataclass
+class _Window:
+    encoder_out: torch.Tensor | None
+    offset_s: float
+    duration_s: float
+    tokens: list[int] | None = None  # set when decoded
+
+
+@dataclass
+class _Request:
+    task: str
+    language: int | None
+    timestamps: bool
+    prompt_text: str | None
+    sampling: SamplingParams
+    windows: dict[int, _Window] = field(default_factory=dict)
+    num_windows: int | None = None
+    submitted: set[int] = field(default_factory=set)
+    detecting: bool = False
+    emitted: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    texts: list[str] = field(default_factory=list)
+
+
+class WhisperDecoderStage(Stage):
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        self.requests: dict[str, _Request] = {}
+        self.errors: list[Emit] = []
+        self.outputs: dict[str, list[int]] = {}  # engine rid -> tokens so far
+        self.engine: AREngine | None = None
+
+    def setup(self) -> None:
+        args = self.ctx.args
+        model_dir = args["model_dir"]
+        self.cfg = WhisperConfig.from_dir(model_dir)
+        self.text = WhisperText(model_dir, self.cfg)
+        dtype = getattr(torch, args.get("dtype", "float32"))
+        model = WhisperDecoder.from_pretrained(model_dir, self.cfg, dtype, self.ctx.device)
+        max_len = self.cfg.max_target_positions
+        max_seqs = int(args.get("max_num_seqs", args.get("max_batch", 32)))
+        block = int(args.get("block_size", 16))
+        engine_cfg = EngineConfig(block_size=block, num_blocks=int(args.get("num_blocks", max_seqs * (-(-max_len // block)))),
+                                  max_num_seqs=max_seqs, max_num_batched_tokens=int(args.get("max_num_batched_tokens", 2048)),
+                                  max_model_len=max_len, device=self.ctx.device, eos_token_ids=(self.cfg.eot,))
+        self.engine = AREngine(model, engine_cfg)
+        self.engine.sampler = WhisperSampler()
+
+    # ---- requests -----------------------------------------------------------------
+    def open(self, rid: str, params: dict[str, Any]) -> None:
+        cfg = self.cfg
+        task = params.get("task") or "transcribe"
+        language = params.get("language")
+        lang_id = None
+        if language:
+            lang_id = cfg.language_token(str(language))
+        if not cfg.multilingual:
+            if task == "translate":
+                raise InvalidRequest("this Whisper is English-only: it cannot translate")
+            if lang_id is not None and lang_id != cfg.language_token("en"):
+                raise InvalidRequest(f"this Whisper is English-only; language {language!r} is not supported")
+        sampling = dict(self.ctx.args.get("default_sampling") or {"temperature": 0.0})
+        for key in ("thinker", self.ctx.name):
+            sampling.update((params.get("sampling") or {}).get(key) or {})
+        sampling.setdefault("max_tokens", cfg.max_target_positions // 2)
+        prompt = params.get("prompt")
+        self.requests[rid] = _Request(task, lang_id, bool(params.get("timestamps")),
+                                      prompt if isinstance(prompt, str) else None, SamplingParams.from_dict(sampling))
+
+    def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
+        req = self.requests.get(rid)
+        if req is None:
+            return
+        index = int(data["window"])
+        req.num_windows = int(data["windows"])
+        req.windows[index] = _Window(torch.as_tensor(data["encoder_out"]).clone(), float(data["offset_s"]),
+                                     float(data["duration_s"]))
+        self._submit_ready(rid, req)
+
+    def close_input(self, rid: str) -> None:
+        req = self.requests.get(rid)
+        if req is not None and req.num_windows is None:
+            self.errors.append(Emit(rid, error="the encoder sent no audio windows", error_kind="invalid_request"))
+            self.abort(rid)
+
+    def abort(self, rid: str) -> None:
+        req = self.requests.pop(rid, None)
+        if req is None or self.engine is None:
+            return
+        for part in [*req.submitted, DETECT]:
+            self.engine.abort(f"{rid}/{part}")
+            self.outputs.pop(f"{rid}/{part}", None)
+
+    # ---- submission -----------------------------------------------------------------
+    def _rules(self, req: _Request, allowed: tuple[int, ...] = ()) -> DecodeRules:
+        cfg = self.cfg
+        return DecodeRules(cfg.eot, cfg.no_timestamps, cfg.timestamp_begin, tuple(cfg.suppress_tokens),
+                           tuple(cfg.begin_suppress_tokens), req.timestamps, cfg.max_initial_timestamp_index, allowed)
+
+    def _submit_ready(self, rid: str, req: _Request) -> None:
+        try:
+            if self.cfg.multilingual and req.language is None:
+                if not req.detecting and 0 in req.windows:
+                    req.detecting = True
+                    langs = tuple(self.cfg.language_ids().values())
+                    self.engine.add_request(f"{rid}/{DETECT}", [self.cfg.sot], SamplingParams(temperature=0.0, max_tokens=1),
+                                            inputs={"encoder_out": req.windows[0].encoder_out,
+                                                    RULES: self._rules(req, langs)})
+                return
+            prompt = self.text.prompt(req.language, req.task, req.timestamps, req.prompt_text)
+            room = self.cfg.max_target_positions - len(prompt)
+            params = SamplingParams(**{**req.sampling.__dict__, "max_tokens": max(1, min(req.sampling.max_tokens, room))})
+            for i, window in sorted(req.windows.items()):
+                if i in req.submitted or window.tokens is not None:
+                    continue
+                self.engine.add_request(f"{rid}/{i}", prompt, params,
+                                        inputs={"encoder_out": window.encoder_out, RULES: self._rules(req)})
+                window.encoder_out = None  # the engine holds its cross keys/values now
+                req.submitted.add(i)
+                req.prompt_tokens += len(prompt)
+        except InvalidRequest as exc:
+            self.errors.append(Emit(rid, error=str(exc), error_kind=exc.kind))
+            self.abort(rid)
+
+    # ---- stepping -----------------------------------------------------------------
+    def step(self) -> list[Emit]:
+        emits, self.errors = self.errors, []
+        touched: set[str] = set()
+        for out in self.engine.step():
+            self.outputs.setdefault(out.rid, []).extend(out.new_token_ids)
+            if not out.finished:
+                continue
+            seq_tokens = self.outputs.pop(out.rid)
+            rid, _, part = out.rid.rpartition("/")
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            if part == DETECT:
+                req.language = seq_tokens[0] if seq_tokens else self.cfg.language_token("en")
+                self._submit_ready(rid, req)
+            else:
+                req.windows[int(part)].tokens = seq_tokens
+                req.completion_tokens += len(seq_tokens)
+                touched.add(rid)
+        emits.extend(self.errors)
+        self.errors = []
+        for rid in touched:
+            emits.extend(self._emit_done(rid))
+        return emits
+
+    def _emit_done(self, rid: str) -> list[Emit]:
+        req = self.requests.get(rid)
+        if req is None:
+            return []
+        emits = []
+        while req.emitted in req.windows and req.windows[req.emitted].tokens is not None:
+            window = req.windows.pop(req.emitted)
+            tokens = [t for t in window.tokens if t != self.cfg.eot]
+            text = self.text.decode(tokens)
+            if req.texts:
+                text = join_texts([req.texts[-1], text])[len(req.texts[-1]):]
+            req.texts.append(text)
+            data: dict[str, Any] = {"text": text, "token_ids": tokens, "window": req.emitted,
+                                    "language": self._language_code(req.language)}
+            if req.timestamps:
+                data["segments"] = [s.as_dict() for s in self.text.segments(tokens, window.offset_s, window.duration_s)]
+            emits.append(Emit(rid, "text", data))
+            req.emitted += 1
+        if req.num_windows is not None and req.emitted >= req.num_windows:
+            usage = {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.completion_tokens}
+            emits.append(Emit(rid, finish=True, end_meta={"usage": usage, "finish_reason": "stop"}))
+            del self.requests[rid]
+        return emits
+
+    def _language_code(self, token: int | None) -> str:
+        if token is None:
+            return "en"
+        for code, tid in self.cfg.language_ids().items():
+            if tid == token:
+                return code
+        return "en"
+
+    def has_work(self) -> bool:
+        return bool(self.errors) or (self.engine is not None and self.engine.has_work())
+
+    def backlog(self) -> int:
+        return sum(len(r.windows) - len(r.submitted) for r in self.requests.values())
+
+    def stats(self) -> dict[str, Any]:
+        stats = self.engine.stats() if self.engine else {}
+        stats["requests"] = len(self.requests)
+        return stats

@@ -1,0 +1,47 @@
+"""The Whisper family: encoder (entry, batched windows) -> decoder (AR engine) -> text out.
+
+    graph, info = build("/path/to/whisper-checkpoint")
+
+options: device ("cpu"), dtype ("float32"; "float16" on GPU), max_batch (encoder windows per
+forward, 8), max_num_seqs (decoder sequences at once, 32), max_audio_s (600).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
+from omni.kernel.registry import ModelInfo
+from omni.models.whisper.config import WhisperConfig
+
+ENCODER_KIND = "omni.models.whisper.encoder_stage:WhisperEncoderStage"
+DECODER_KIND = "omni.models.whisper.decoder_stage:WhisperDecoderStage"
+VARIANTS = (None, "", "transcribe")
+
+
+def model_id(model_dir: str | Path) -> str:
+    name = Path(model_dir).resolve().name
+    return name if name.startswith("whisper") else f"whisper-{name}"
+
+
+def build(model_dir: str | Path, variant: str | None = None, **options: Any) -> tuple[Graph, ModelInfo]:
+    if variant not in VARIANTS:
+        raise ValueError(f"Whisper has no graph variant {variant!r}; it only transcribes")
+    model_dir = str(Path(model_dir).resolve())
+    cfg = WhisperConfig.from_dir(model_dir)
+    device = options.get("device", "cpu")
+    common = {"model_dir": model_dir, "dtype": options.get("dtype", "float32")}
+    max_seqs = int(options.get("max_num_seqs", 32))
+    encoder = StageSpec("encoder", ENCODER_KIND, device=device, max_batch=int(options.get("max_batch", 8)),
+                        args={**common, "max_audio_s": float(options.get("max_audio_s", 600.0))},
+                        arena_bytes=int(options.get("arena_bytes", 256 << 20)))
+    decoder = StageSpec("decoder", DECODER_KIND, device=device, max_batch=max_seqs,
+                        args={**common, "max_num_seqs": max_seqs})
+    graph = Graph(name="whisper", stages=[encoder, decoder],
+                  edges=[EdgeSpec("encoder", "windows", "decoder"), EdgeSpec("decoder", "text", OUT)])
+    info = ModelInfo(id=options.get("model_id") or model_id(model_dir), family="whisper", transcribes=True,
+                     sample_rate=16000,
+                     extra={"multilingual": cfg.multilingual, "languages": list(cfg.language_ids()) if cfg.multilingual
+                            else ["en"]})
+    return graph, info

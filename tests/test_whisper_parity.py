@@ -1,0 +1,109 @@
+"""Greedy tokens of omni's Whisper (encoder stage + decoder on the AR engine) equal transformers'
+`WhisperForConditionalGeneration.generate`: a tiny random multilingual checkpoint (language given and
+detected, with and without timestamps) and the real tiny.en weights on espeak-ng speech."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from test_whisper_support import (
+    SENTENCES,
+    audio_params,
+    converted_tiny_en,
+    make_stages,
+    run_stages,
+    speak,
+    tiny_random_checkpoint,
+)
+
+from omni.models.whisper.features import log_mel, pad_window
+
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def random_dir(tmp_path_factory):
+    return tiny_random_checkpoint(tmp_path_factory.mktemp("whisper-random") / "whisper-random")
+
+
+def hf_generate(model_dir, pcm: np.ndarray, **kwargs) -> list[int]:
+    from transformers import WhisperForConditionalGeneration
+
+    model = WhisperForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    mel = log_mel(pad_window(pcm), model.config.num_mel_bins)[None]
+    with torch.inference_mode():
+        return model.generate(mel, max_new_tokens=MAX_NEW, **kwargs)[0].tolist()
+
+
+def noise_clips(n: int, seconds: float = 3.0) -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    return [(0.1 * rng.standard_normal(int(seconds * 16000))).astype(np.float32) for _ in range(n)]
+
+
+def complete_part(tokens: list[int], timestamp_begin: int) -> int:
+    """How many leading tokens transformers keeps from one timestamped decoding pass: all of them
+    when it ends on a single timestamp (or has no closed segment); else up to the last pair of
+    consecutive timestamps (it then re-decodes from that time on, see the README of the family)."""
+    is_ts = [t >= timestamp_begin for t in tokens]
+    pairs = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
+    if not pairs or is_ts[-2:] == [False, True]:
+        return len(tokens)
+    return pairs[-1] + 1
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+def test_random_checkpoint_tokens_equal_transformers(random_dir, timestamps):
+    clips = noise_clips(3)
+    enc, dec = make_stages(random_dir)
+    requests = {f"r{i}": audio_params(pcm, language="en", timestamps=timestamps,
+                                      sampling={"thinker": {"max_tokens": MAX_NEW}}) for i, pcm in enumerate(clips)}
+    got = run_stages(enc, dec, requests)  # all three decode in one batch
+    for i, pcm in enumerate(clips):
+        want = hf_generate(random_dir, pcm, language="en", task="transcribe", return_timestamps=timestamps)
+        assert len(set(want)) > 3, "degenerate reference: the test would prove little"
+        tokens = got[f"r{i}"]["token_ids"][0]
+        if not timestamps:
+            assert tokens == want
+            continue
+        keep = complete_part(tokens, dec.cfg.timestamp_begin)
+        assert keep >= 4 and tokens[:keep] == want[:keep]
+
+
+def test_random_checkpoint_detects_language_like_transformers(random_dir):
+    from transformers import WhisperForConditionalGeneration
+
+    clips = noise_clips(2, seconds=2.0)
+    enc, dec = make_stages(random_dir)
+    got = run_stages(enc, dec, {f"r{i}": audio_params(pcm, sampling={"thinker": {"max_tokens": MAX_NEW}})
+                                for i, pcm in enumerate(clips)})
+    model = WhisperForConditionalGeneration.from_pretrained(random_dir, dtype=torch.float32).eval()
+    codes = {v: k.strip("<|>") for k, v in model.generation_config.lang_to_id.items()}
+    for i, pcm in enumerate(clips):
+        mel = log_mel(pad_window(pcm), 80)[None]
+        with torch.inference_mode():
+            lang = int(model.detect_language(mel)[0])
+        assert got[f"r{i}"]["events"][0]["language"] == codes[lang]
+        assert got[f"r{i}"]["token_ids"] == [hf_generate(random_dir, pcm, task="transcribe")]
+
+
+@pytest.fixture(scope="module")
+def tiny_en(tmp_path_factory):
+    return converted_tiny_en(tmp_path_factory.mktemp("whisper-real"))
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+def test_real_tiny_en_tokens_equal_transformers(tiny_en, tmp_path, timestamps):
+    clips = [speak(text, tmp_path, f"s{i}") for i, text in enumerate(SENTENCES[:3])]
+    enc, dec = make_stages(tiny_en)
+    got = run_stages(enc, dec, {f"r{i}": audio_params(pcm, timestamps=timestamps,
+                                                      sampling={"thinker": {"max_tokens": MAX_NEW}})
+                                for i, pcm in enumerate(clips)})
+    for i, pcm in enumerate(clips):
+        want = hf_generate(tiny_en, pcm, return_timestamps=timestamps)
+        assert got[f"r{i}"]["token_ids"] == [want]
+    assert "smooth planks" in got["r0"]["text"].lower()
+    if timestamps:
+        seg = got["r0"]["events"][0]["segments"][0]
+        assert 0.0 <= seg["start"] < seg["end"] <= len(clips[0]) / 16000 + 0.02
