@@ -37,8 +37,17 @@ class ServerConfig:
 
 
 @dataclass
-class ServerState:
+class ServedModel:
+    """A model served beside the main one, on its own kernel (e.g. a Whisper next to an omni model)."""
+
     kernel: Any
+    info: ModelInfo
+    stage_names: list[str]
+
+
+@dataclass
+class ServerState:
+    kernel: Any  # the main model's: chat and speech go here
     info: ModelInfo
     stage_names: list[str]
     config: ServerConfig
@@ -47,9 +56,28 @@ class ServerState:
     inflight: int = 0
     draining: bool = False
     _idle: asyncio.Event | None = None
+    extra_models: list[ServedModel] = field(default_factory=list)
 
     def model_names(self) -> list[str]:
-        return [self.info.id, *self.config.model_aliases]
+        return [self.info.id, *self.config.model_aliases, *(m.info.id for m in self.extra_models)]
+
+    def served(self) -> list[ServedModel]:
+        """Every served model, the main one first."""
+        return [ServedModel(self.kernel, self.info, self.stage_names), *self.extra_models]
+
+    def model_info(self, name: str) -> ModelInfo | None:
+        if name in (self.info.id, *self.config.model_aliases):
+            return self.info
+        return next((m.info for m in self.extra_models if m.info.id == name), None)
+
+    def transcriber(self, name: str) -> ServedModel | None:
+        """Who serves a transcription asked of model `name`: that model when it transcribes with
+        trained weights, else the first served model that does, else any that transcribes at all
+        (a random-weight model's transcripts are noise). None when no model transcribes."""
+        models = self.served()
+        named = [m for m in models if m.info is self.model_info(name)]
+        real = [m for m in named + models if m.info.transcribes and not m.info.random_weights]
+        return (real or [m for m in named + models if m.info.transcribes] or [None])[0]
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight; False when the timeout passed first."""
@@ -118,16 +146,16 @@ async def admission_middleware(request: web.Request, handler):
         state._left()
 
 
-def build_app(kernel: Any, info: ModelInfo, stage_names: list[str], config: ServerConfig | None = None
-              ) -> web.Application:
-    """The whole API for one served model, ready for an AppRunner."""
+def build_app(kernel: Any, info: ModelInfo, stage_names: list[str], config: ServerConfig | None = None,
+              extra_models: list[ServedModel] | None = None) -> web.Application:
+    """The whole API for one served model (plus `extra_models` beside it), ready for an AppRunner."""
     from omni.api import routes_audio, routes_chat, routes_info
 
     config = config or ServerConfig()
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=[metrics_middleware, error_middleware, auth_middleware,
                                        admission_middleware])
-    app[STATE] = ServerState(kernel, info, list(stage_names), config)
+    app[STATE] = ServerState(kernel, info, list(stage_names), config, extra_models=list(extra_models or ()))
     app.router.add_post(routes_chat.ROUTE, routes_chat.chat_completions)
     app.router.add_post(routes_audio.SPEECH_ROUTE, routes_audio.speech)
     app.router.add_post(routes_audio.TRANSCRIBE_ROUTE, routes_audio.transcriptions)

@@ -4,6 +4,7 @@
                 [--api-key KEY] [--max-concurrent N]
     omnid make-tiny [qwen3-omni] DIR [--seed N] [--preset NAME]
     omnid plugins
+    omnid convert-whisper SRC [SRC ...] DST    (SRC: a CTranslate2 dir, or "tiny.en" / "base" when installed)
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--preset", default=None, help="size preset of the tiny model")
     tiny.add_argument("--seed", type=int, default=0)
     sub.add_parser("plugins", help="list installed omni plugins and what they provide")
+    conv = sub.add_parser("convert-whisper", help="CTranslate2 Whisper -> Hugging Face checkpoint (lossless)")
+    conv.add_argument("paths", nargs="+", metavar="SRC... DST",
+                      help="CTranslate2 dirs (model parts may span them) or 'tiny.en' / 'base', then the output dir")
+    conv.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
     return parser
 
 
@@ -181,7 +186,7 @@ def _say(text: str) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    from omni.api.app import build_app
+    from omni.api.app import ServedModel, build_app
     from omni.api.server import HttpServer, serve_until_signal
     from omni.kernel.errors import StageStartError
     from omni.kernel.kernel import Kernel
@@ -201,10 +206,22 @@ async def serve(args: argparse.Namespace) -> None:
         await kernel.stop()
         raise CliError(f"a stage did not start: {exc}") from None
     _say("omnid: stages up: " + ", ".join(f"{k}={v}" for k, v in kernel.health().items()))
+    extras: list[ServedModel] = []
+    for extra_graph, extra_info in embedded_extra_models(args):
+        extra = Kernel(extra_graph, mode=args.mode, max_inflight=args.max_concurrent)
+        try:
+            await extra.start()
+        except StageStartError as exc:
+            await extra.stop()
+            log.warning("not serving %s: a stage did not start: %s", extra_info.id, exc)
+            continue
+        extras.append(ServedModel(extra, extra_info, [s.name for s in extra_graph.stages]))
+        _say(f"omnid: also serving {extra_info.id!r} (family {extra_info.family}) for /v1/audio/transcriptions")
     config = server_config(args)
-    app = build_app(kernel, info, stages, config)
+    app = build_app(kernel, info, stages, config, extra_models=extras)
     server = HttpServer(app, config.host, config.port)
-    await serve_until_signal(server, kernel, config.drain_timeout_s, on_listening=_say)
+    await serve_until_signal(server, _Kernels([kernel, *(m.kernel for m in extras)]), config.drain_timeout_s,
+                             on_listening=_say)
 
 
 def _run(coro) -> None:
@@ -234,6 +251,47 @@ def make_tiny(args: argparse.Namespace) -> None:
     _say(f"omnid: wrote a tiny random Qwen3-Omni to {path or out_dir}")
 
 
+def convert_whisper(args: argparse.Namespace) -> None:
+    from omni.models.whisper.convert_ct2 import convert
+    from omni.models.whisper.packaged import resolve_sources
+
+    if len(args.paths) < 2:
+        raise CliError("convert-whisper takes SRC [SRC ...] DST")
+    try:
+        out = convert(resolve_sources(args.paths[:-1]), args.paths[-1], overwrite=args.overwrite)
+    except (ValueError, OSError) as exc:  # Ct2FormatError is a ValueError
+        raise CliError(f"convert-whisper failed: {exc}") from None
+    _say(f"omnid: wrote a Hugging Face Whisper checkpoint to {out}")
+
+
+def embedded_extra_models(args: argparse.Namespace) -> list[tuple]:
+    """(graph, info) of the models served beside the embedded default: a real Whisper for
+    /v1/audio/transcriptions when its package is installed. None when a model was chosen."""
+    table = config_model_table(args.config)
+    if args.model or args.family or table.get("path") or table.get("family"):
+        return []
+    from omni.models.whisper.graph import build
+    from omni.models.whisper.packaged import embedded_whisper
+
+    try:
+        path = embedded_whisper(cache_dir())
+        return [build(path)] if path is not None else []
+    except (ValueError, OSError) as exc:
+        log.warning("not serving the packaged Whisper: %s", exc)
+        return []
+
+
+class _Kernels:
+    """Stops every served model's kernel (what serve_until_signal stops at the end)."""
+
+    def __init__(self, kernels: list) -> None:
+        self.kernels = kernels
+
+    async def stop(self) -> None:
+        for kernel in self.kernels:
+            await kernel.stop()
+
+
 def list_plugins(args: argparse.Namespace) -> None:
     from omni.kernel.registry import REGISTRY
 
@@ -256,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             make_tiny(args)
         elif args.command == "plugins":
             list_plugins(args)
+        elif args.command == "convert-whisper":
+            convert_whisper(args)
     except CliError as exc:
         print(f"omnid: error: {exc}", file=sys.stderr, flush=True)
         return 2

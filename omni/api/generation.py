@@ -23,6 +23,8 @@ log = logging.getLogger("omni.api")
 class TextPiece:
     text: str
     tokens: int
+    segments: list[dict] | None = None  # a transcriber's timed segments for this text, when asked for
+    language: str | None = None  # a transcriber's (detected) language
 
 
 @dataclass
@@ -75,6 +77,8 @@ class Collected:
     audio: list[np.ndarray] = field(default_factory=list)
     sample_rate: int = 24000
     finish: Finish | None = None
+    segments: list[dict] = field(default_factory=list)
+    language: str | None = None
 
     @property
     def pcm(self) -> np.ndarray:
@@ -139,7 +143,7 @@ class KernelRequest:
                 text = self.stop.push(data.get("text") or "")
                 if text or tokens:
                     self.timer.on_text()
-                    yield TextPiece(text, tokens)
+                    yield TextPiece(text, tokens, data.get("segments"), data.get("language"))
                 if self.stop.stopped:
                     await self.stream.cancel()
                     self.finished = True
@@ -165,6 +169,8 @@ class KernelRequest:
         async for piece in self.pieces():
             if isinstance(piece, TextPiece):
                 out.text.append(piece.text)
+                out.segments.extend(piece.segments or ())
+                out.language = piece.language or out.language
             elif isinstance(piece, AudioPiece):
                 out.audio.append(piece.pcm)
                 out.sample_rate = piece.sample_rate

@@ -20,15 +20,20 @@ from omni.api.media import (
 from omni.api.schemas import AudioPart, ChatCompletionRequest, ImagePart, SpeechRequest, StageSampling, TextPart
 
 if TYPE_CHECKING:
-    from omni.api.app import ServerState
+    from omni.api.app import ServedModel, ServerState
 
 THINKER = "thinker"  # the key of the text model's sampling in params["sampling"]
 
 
-def check_model(state: ServerState, name: str, param: str = "model") -> None:
+def check_model(state: ServerState, name: str, param: str = "model", main_only: bool = True) -> None:
+    """404 for an unknown model; with `main_only`, a 400 for a model served beside the main one (it
+    only serves its own route, e.g. a Whisper only /v1/audio/transcriptions)."""
     if name not in state.model_names():
         raise ApiError(404, f"model {name!r} is not served here; served: {state.model_names()}", param=param,
                        code="model_not_found")
+    if main_only and state.model_info(name) is not state.info:
+        raise bad_request(f"model {name!r} only serves /v1/audio/transcriptions; for this route use "
+                          f"{state.info.id!r}", param=param, code="model_not_supported")
 
 
 def resolve_voice(state: ServerState, voice: str | None, param: str) -> str | None:
@@ -136,10 +141,13 @@ def model_applies_speed(state: ServerState) -> bool:
 
 
 def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language: str | None,
-                      prompt: str | None, temperature: float | None) -> tuple[dict, float]:
-    """The params and the input's duration in seconds."""
-    check_model(state, model)
-    if not state.info.transcribes:
+                      prompt: str | None, temperature: float | None, timestamps: bool = False
+                      ) -> tuple[dict, float, ServedModel]:
+    """The params, the input's duration in seconds, and the served model that transcribes it (the
+    named one when it transcribes, else any loaded model that does)."""
+    check_model(state, model, main_only=False)
+    served = state.transcriber(model)
+    if served is None:
         raise bad_request(f"no loaded model transcribes: model {state.info.id!r} does not serve "
                           "/v1/audio/transcriptions", code="transcription_not_supported")
     pcm, rate = decode_audio_bytes(raw_audio, "file", state.config.limits, MODEL_AUDIO_RATE)
@@ -148,4 +156,6 @@ def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language
               "modalities": ["text"], "messages": [], "sampling": stage_sampling(state, base, None)}
     if prompt:
         params["prompt"] = prompt
-    return params, len(pcm) / rate
+    if timestamps:
+        params["timestamps"] = True
+    return params, len(pcm) / rate, served

@@ -159,24 +159,29 @@ async def transcriptions(request: web.Request) -> web.Response:
         if not 0.0 <= temperature <= 2.0:
             raise bad_request("temperature must be within [0, 2]", param="temperature", code="invalid_value")
     language = fields.get("language") or None
-    params, duration = transcribe_params(state, fields["model"], audio, language, fields.get("prompt"), temperature)
+    timed = fmt in ("verbose_json", "srt", "vtt")
+    params, duration, served = transcribe_params(state, fields["model"], audio, language, fields.get("prompt"),
+                                                 temperature, timestamps=timed)
     timer = RequestTimer(state.metrics, TRANSCRIBE_ROUTE)
-    async with KernelRequest(state.kernel, params, timer, None, state.config.request_timeout_s) as gen:
+    async with KernelRequest(served.kernel, params, timer, None, state.config.request_timeout_s) as gen:
         out = await gen.collect()
     text = "".join(out.text).strip()
     if fmt == "text":
         return web.Response(text=text, content_type="text/plain")
+    # a model that gives no timed segments gets one segment for the whole clip
+    segments = [(float(s["start"]), min(float(s["end"]), duration), str(s["text"]).strip(), list(s.get("tokens", ())))
+                for s in out.segments] or [(0.0, duration, text, [])]
     if fmt in ("srt", "vtt"):
         sep = "," if fmt == "srt" else "."
-        cue = f"{_timestamp(0, sep)} --> {_timestamp(duration, sep)}\n{text}\n"
-        body = f"1\n{cue}" if fmt == "srt" else f"WEBVTT\n\n{cue}"
+        cues = [f"{_timestamp(a, sep)} --> {_timestamp(b, sep)}\n{t}\n" for a, b, t, _ in segments]
+        body = "\n".join(f"{i}\n{c}" for i, c in enumerate(cues, 1)) if fmt == "srt" else "WEBVTT\n\n" + "\n".join(cues)
         return web.Response(text=body, content_type="text/plain" if fmt == "srt" else "text/vtt")
-    if fmt == "verbose_json":  # one segment for the whole clip: the models give no timestamps yet
-        return web.json_response({"task": "transcribe", "language": language or "unknown", "duration": duration,
-                                  "text": text, "segments": [{"id": 0, "seek": 0, "start": 0.0, "end": duration,
-                                                              "text": text, "tokens": [], "temperature": 0.0,
-                                                              "avg_logprob": 0.0, "compression_ratio": 0.0,
-                                                              "no_speech_prob": 0.0}]})
+    if fmt == "verbose_json":
+        return web.json_response({"task": "transcribe", "language": out.language or language or "unknown",
+                                  "duration": duration, "text": text,
+                                  "segments": [{"id": i, "seek": 0, "start": a, "end": b, "text": t, "tokens": toks,
+                                                "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 0.0,
+                                                "no_speech_prob": 0.0} for i, (a, b, t, toks) in enumerate(segments)]})
     usage = {"type": "duration", "seconds": duration}
     return web.json_response({"text": text, "usage": usage})
 

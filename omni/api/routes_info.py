@@ -20,7 +20,7 @@ def _state(request: web.Request):
 
 
 def _model_card(state, name: str) -> dict:
-    info = state.info
+    info = state.model_info(name) or state.info
     return {"id": name, "object": "model", "created": state.started_at, "owned_by": "omni",
             "family": info.family, "speaks": info.speaks, "transcribes": info.transcribes,
             "voices": list(info.voices), "random_weights": info.random_weights}
@@ -44,8 +44,12 @@ async def health(request: web.Request) -> web.Response:
     """200 only when every stage answers a probe; 503 names those that do not."""
     state = _state(request)
     try:
-        probes = await state.kernel.probe(timeout_s=state.config.probe_timeout_s)
-        states = state.kernel.health()
+        probes, states = {}, {}
+        for served in state.served():  # an extra model's stages are named "<model id>/<stage>"
+            prefix = "" if served.kernel is state.kernel else f"{served.info.id}/"
+            found = await served.kernel.probe(timeout_s=state.config.probe_timeout_s)
+            probes.update({prefix + k: v for k, v in found.items()})
+            states.update({prefix + k: v for k, v in served.kernel.health().items()})
     except Exception as exc:  # a kernel that cannot even be asked is not healthy
         log.warning("health probe failed: %s: %s", type(exc).__name__, exc)
         raise ApiError(503, f"kernel did not answer the health probe: {type(exc).__name__}: {exc}",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -237,7 +238,7 @@ def convert(sources: list[str | Path], dst: str | Path, overwrite: bool = False)
     special = special_tokens(tokenizer_json)
     state, tied = hf_state_dict(ct2)
     config, generation = hf_configs(state, tied, ct2, ct2_config, special)
-    tmp = dst.with_name(dst.name + ".partial")
+    tmp = dst.with_name(f"{dst.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, str(tmp / "model.safetensors"),
@@ -247,6 +248,8 @@ def convert(sources: list[str | Path], dst: str | Path, overwrite: bool = False)
     (tmp / "preprocessor_config.json").write_text(json.dumps(preprocessor_config(config["num_mel_bins"]), indent=2))
     for name, text in tokenizer_files(tokenizer_json, config["vocab_size"], special).items():
         (tmp / name).write_text(text, encoding="utf-8")
+    for path in tmp.iterdir():
+        path.chmod(0o644)
     if dst.exists():
         shutil.rmtree(dst)
     tmp.rename(dst)
