@@ -185,3 +185,27 @@ def test_slow_consumer_bounds_the_producer():
         assert produced - decoded <= 8 + 4 + 4 + 2, samples  # max_queue + credits + one chunk + slack
         assert backlog <= 8 + 4
     assert samples[-1][0] < 1000  # unthrottled, the generator would be done with 5000 steps
+
+
+def test_a_hung_stage_is_found_by_heartbeats_and_restarted():
+    """SIGSTOP freezes the process without killing it: only missing heartbeats reveal it."""
+    async def main():
+        async with Kernel(graph(generator={"step_delay_s": 0.01}), mode="process", heartbeat_timeout_s=1.0) as kernel:
+            stream = kernel.submit({"prompt": "p", "max_tokens": 100000})
+            await stream.__anext__()
+            frozen = kernel.pid_of("generator")
+            os.kill(frozen, signal.SIGSTOP)
+            t0 = time.monotonic()
+            with pytest.raises(StageFailed, match="generator.0 died"):
+                await stream.collect()
+            waited = time.monotonic() - t0
+            for _ in range(200):
+                if kernel.health()["generator"] == "up":
+                    break
+                await asyncio.sleep(0.05)
+            after = await run_one(kernel, "after the hang", max_tokens=3)
+        return waited, after, frozen
+
+    waited, after, frozen = asyncio.run(main())
+    assert 0.5 < waited < 4.0
+    assert len(after["tokens"]) == 3 and not _pid_alive(frozen)

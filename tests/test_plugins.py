@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -16,19 +18,32 @@ from pathlib import Path
 import openai
 import pytest
 
-from omni.api.cli import CliError, embedded_default_model, select_model
+from omni.api import cli
+from omni.api.cli import CliError, select_model
 from omni.kernel.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "plugins" / "omni-example"
 
 
-def pip_install_target(target: Path, *packages: str | Path) -> None:
-    """A real `pip install` of local packages into `target` (put on PYTHONPATH to use them)."""
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
-           "--target", str(target), *map(str, packages)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+def pip_install(*packages: str | Path, options: tuple[str, ...] = ()) -> None:
+    """A real `pip install` of local packages (copied first: building leaves no build/ in the repo)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copies = []
+        for package in map(Path, packages):
+            if package.is_dir():
+                copy = Path(tmp) / package.name
+                shutil.copytree(package, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+                package = copy
+            copies.append(str(package))
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", *options, *copies]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
+
+
+def pip_install_target(target: Path, *packages: str | Path) -> None:
+    """Install local packages into `target` only (put it on PYTHONPATH to use them)."""
+    pip_install(*packages, options=("--no-deps", "--target", str(target)))
 
 
 class OmnidProcess:
@@ -177,13 +192,14 @@ def _args(tmp_path: Path, model=None, family=None, config_text: str | None = Non
     return argparse.Namespace(model=model, family=family, variant=None, config=config and str(config))
 
 
-def test_select_model_by_name_flag_or_config(tmp_path):
+def test_select_model_by_name_flag_or_config(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "embedded_default_model", lambda: ("/cache/embedded", None))
     families = {"example-reverse": object(), "demo": object()}
     assert select_model(_args(tmp_path, model="example-reverse"), families) == (None, "example-reverse", None)
     assert select_model(_args(tmp_path, model=str(tmp_path)), families) == (str(tmp_path), None, None)
     table = '[model]\nfamily = "example-reverse"\nvariant = "text"\n'
     assert select_model(_args(tmp_path, config_text=table), families) == (None, "example-reverse", "text")
     assert select_model(_args(tmp_path, family="demo", config_text=table), families) == (None, "demo", "text")
-    assert select_model(_args(tmp_path), families) == (*embedded_default_model(), None)
+    assert select_model(_args(tmp_path), families) == ("/cache/embedded", None, None)
     with pytest.raises(CliError, match="takes only family, path and variant"):
         select_model(_args(tmp_path, config_text='[model]\nfamliy = "x"\n'), families)

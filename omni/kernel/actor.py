@@ -181,7 +181,9 @@ class Actor:
 
     def _reader(self, channel: str) -> Any:
         if channel not in self._readers:
-            self._readers[channel] = load_channel(channel).reader()
+            reader = self._readers[channel] = load_channel(channel).reader()
+            if hasattr(reader, "fence"):
+                self.driver.fence = reader.fence
         return self._readers[channel]
 
     def _reader_token(self, desc: m.PayloadDesc) -> int:

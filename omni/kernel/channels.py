@@ -41,6 +41,22 @@ CHANNELS: dict[str, str] = {
 }
 
 
+# Per-channel clean-up of what a dead process leaves outside its owner prefix (CUDA driver files).
+PROCESS_CLEANUP: dict[str, str] = {
+    "cuda_ipc": "omni.transport.cuda_ipc:unlink_process_leftovers",
+}
+
+
+def cleanup_dead_process(channels: set[str], pid: int) -> None:
+    """Run the clean-up hook of every channel in use for a process that has exited."""
+    for name in channels & set(PROCESS_CLEANUP):
+        module, _, attr = PROCESS_CLEANUP[name].partition(":")
+        try:
+            getattr(importlib.import_module(module), attr)(pid)
+        except Exception:  # clean-up is best effort; never let it break supervision
+            pass
+
+
 def load_channel(name: str) -> Any:
     """Return the channel class registered under `name` (it has `writer(...)` and `reader()`)."""
     try:

@@ -37,8 +37,8 @@ class StageDriver:
         self._dead: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._seq: dict[str, int] = {}
         self._has_work = False
-        self._blocked = False  # the next queued chunk waits for the stage's backlog to drain
         self.last_stats: dict[str, Any] = {}
+        self.fence: Any = None  # set by the actor when a channel needs one before credits (cuda_ipc)
         self.completed = 0
         self.aborted = 0
         self.failed = 0
@@ -70,11 +70,12 @@ class StageDriver:
         credits: list[tuple[str, str, list[int]]] = []
         while self._cancels:
             self._abort(self._cancels.popleft(), emits)
-        self._blocked = False
         while self._inbox:
             item = self._inbox[0]
-            if item[0] == "chunk" and item[1] in self._live and self.stage.backlog() >= self.spec.max_queue:
-                self._blocked = True
+            # Past max_queue the stage must first work off what it holds; a stage that holds
+            # inputs yet has no work (it waits for more) is fed anyway, or it would deadlock.
+            if (item[0] == "chunk" and item[1] in self._live and self.stage.backlog() >= self.spec.max_queue
+                    and self.stage.has_work()):
                 break
             self._inbox.popleft()
             self._apply(item, emits, credits)
@@ -93,6 +94,8 @@ class StageDriver:
                     self.failed += 1
                 else:
                     self.completed += 1
+        if credits and self.fence is not None:
+            self.fence()  # GPU reads of the views must finish before their slots go back
         self._has_work = self.stage.has_work()
         self.last_stats = self._stats()
         return emits, credits
@@ -173,7 +176,9 @@ class StageDriver:
         return seq
 
     def wants_step(self) -> bool:
-        return bool(self._cancels or self._has_work or (self._inbox and not self._blocked))
+        # A stage past max_queue has work (else the driver feeds it), so queued inputs always
+        # mean a step is due: either it feeds them or it works off the backlog first.
+        return bool(self._cancels or self._has_work or self._inbox)
 
     def counters(self) -> dict[str, Any]:
         return {

@@ -23,9 +23,9 @@ from typing import Any
 import msgspec
 
 from omni.kernel import messages as m
-from omni.kernel.actor import KERNEL, pick_replica
+from omni.kernel.actor import KERNEL, edge_channel, pick_replica
 from omni.kernel.bus import Mailbox, Outbox
-from omni.kernel.channels import load_channel
+from omni.kernel.channels import cleanup_dead_process, load_channel
 from omni.kernel.errors import (
     DeadlineExceeded,
     GraphError,
@@ -137,6 +137,9 @@ class Kernel:
             if handle.alive():
                 self._send(handle.name, m.ActorShutdown("kernel stop"))
         await asyncio.gather(*(self._launcher.stop(h, 5.0) for h in self._handles.values()))
+        for handle in self._handles.values():
+            if handle.process is not None:
+                cleanup_dead_process(self._channels_in_use(), handle.pid)
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.outbox.close()
         self.mailbox.close()
@@ -295,6 +298,8 @@ class Kernel:
         for rid in victims:
             self._finish(rid, StageFailed(f"stage {handle.name} died ({reason}) while serving request {rid}"))
         unlink_shm_prefix(shm_owner(self.instance, handle.stage, handle.replica))
+        if handle.process is not None:
+            cleanup_dead_process(self._channels_in_use(), handle.pid)
         remove_socket(self.run_dir, handle.name)
         self.outbox.reset(handle.name)  # drop what was queued for the dead process
         delay = restart_delay(handle)
@@ -369,6 +374,9 @@ class Kernel:
         out["kernel"] = {"in_flight": len(self._inflight), "max_inflight": self.max_inflight,
                          "restarts_total": dict(self.restarts_total)}
         return out
+
+    def _channels_in_use(self) -> set[str]:
+        return {edge_channel(self.graph, e) for e in self.graph.edges}
 
     def pid_of(self, stage: str, replica: int = 0) -> int:
         return self._handles[actor_name(stage, replica)].pid
