@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -79,8 +78,10 @@ def wav_bytes(pcm: np.ndarray, rate: int = 16000) -> bytes:
 
 
 def normalize(text: str) -> str:
-    text = text.lower().replace("'s", "s").replace("-", " ")
-    return " ".join(re.sub(r"[^a-z0-9 ]+", " ", text).split())
+    """transformers' English normaliser (numbers, contractions, punctuation), without a spelling map."""
+    from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
+
+    return " ".join(EnglishTextNormalizer({})(text).split())
 
 
 def wer(references: list[str], hypotheses: list[str]) -> float:
@@ -200,3 +201,78 @@ def run_stages(enc, dec, requests: dict[str, dict[str, Any]], max_steps: int = 5
         res["text"] = "".join(e["text"] for e in res["events"])
         res["token_ids"] = [e["token_ids"] for e in res["events"]]
     return results
+
+
+# ---- a live omnid app serving a Whisper ---------------------------------------------------------
+
+class WhisperServer:
+    """`with WhisperServer(model_dir) as srv:` the omnid app on a free loopback port, in a thread.
+
+    `beside_demo=True` serves the weightless demo as the main model and the Whisper beside it (the
+    embedded default's layout)."""
+
+    def __init__(self, model_dir: Path, beside_demo: bool = False, max_audio_seconds: float = 600.0) -> None:
+        import asyncio
+        import threading
+
+        self.model_dir, self.beside_demo, self.max_audio_seconds = model_dir, beside_demo, max_audio_seconds
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.kernels: list = []
+
+    def run(self, coro, timeout: float = 120.0):
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _start(self) -> None:
+        from omni.api.app import ServedModel, ServerConfig, build_app
+        from omni.api.media import MediaLimits
+        from omni.api.server import HttpServer
+        from omni.kernel.kernel import Kernel
+        from omni.models.whisper.graph import build
+        from omni.stages.demo import build_demo
+
+        models = [build(self.model_dir)]
+        if self.beside_demo:
+            models.insert(0, build_demo())
+        served = []
+        for graph, info in models:
+            kernel = Kernel(graph, mode="inline")
+            self.kernels.append(kernel)
+            await kernel.start()
+            served.append(ServedModel(kernel, info, [s.name for s in graph.stages]))
+        self.info = served[-1].info
+        config = ServerConfig(port=0, limits=MediaLimits(max_audio_seconds=self.max_audio_seconds))
+        main = served[0]
+        app = build_app(main.kernel, main.info, main.stage_names, config, extra_models=served[1:])
+        self.server = await HttpServer(app, "127.0.0.1", 0).start()
+
+    async def _stop(self) -> None:
+        await self.server.stop()
+        for kernel in self.kernels:
+            await kernel.stop()
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def transcribe(self, audio: bytes, model: str | None = None, **fields: str):
+        import requests
+
+        data = {"model": model or self.info.id, **fields}
+        return requests.post(f"{self.url}/v1/audio/transcriptions", data=data,
+                             files={"file": ("audio.wav", audio, "audio/wav")}, timeout=300)
+
+    def __enter__(self) -> "WhisperServer":
+        self.thread.start()
+        self.run(self._start())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.run(self._stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.loop.close()
