@@ -14,6 +14,7 @@ import io
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -245,9 +246,22 @@ def test_speed_is_applied_by_the_voice(piper):
     assert 0.4 < fast / normal < 0.8  # measured 0.58-0.69 over 20 syntheses
 
 
+def trace_size(trace_file: Path) -> int:
+    return trace_file.stat().st_size if trace_file.exists() else 0
+
+
+def trace_since(trace_file: Path, offset: int) -> list[dict]:
+    """The synth stage's trace lines (one per sentence) written after `offset`."""
+    if not trace_file.exists():
+        return []
+    with open(trace_file) as f:
+        f.seek(offset)
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
 def test_long_text_streams_first_audio_before_the_last_sentence_is_synthesised(piper, trace_file):
     sentences = HARVARD * 2  # 24 sentences
-    before = trace_file.stat().st_size if trace_file.exists() else 0
+    before = trace_size(trace_file)
     body = {"model": MODEL, "voice": "joe", "input": " ".join(sentences), "response_format": "pcm"}
     first_byte_at = None
     received = 0
@@ -257,13 +271,28 @@ def test_long_text_streams_first_audio_before_the_last_sentence_is_synthesised(p
             if chunk and first_byte_at is None:
                 first_byte_at = time.time()
             received += len(chunk)
-    with open(trace_file) as f:
-        f.seek(before)
-        trace = [json.loads(line) for line in f]
+    trace = trace_since(trace_file, before)
     assert [t["index"] for t in trace] == list(range(len(sentences)))  # in order, one request
     assert trace[0]["end"] < first_byte_at < trace[-1]["end"], (first_byte_at, trace[0], trace[-1])
     samples_22k = sum(t["samples"] for t in trace)
     assert abs(received // 2 - samples_22k * 24000 / 22050) < 100  # every sentence's audio arrived
+
+
+def test_client_that_leaves_stops_the_synthesis(piper, trace_file):
+    sentences = HARVARD * 2
+    before = trace_size(trace_file)
+    body = {"model": MODEL, "voice": "joe", "input": " ".join(sentences), "response_format": "pcm"}
+    with requests.post(piper.url + "/v1/audio/speech", json=body, stream=True, timeout=60) as resp:
+        assert resp.status_code == 200
+        next(resp.iter_content(chunk_size=1024))  # the first audio, then hang up
+    seen, stable_since = -1, time.monotonic()
+    while time.monotonic() - stable_since < 1.5:  # until the synth stage writes no more lines
+        time.sleep(0.1)
+        count = len(trace_since(trace_file, before))
+        if count != seen:
+            seen, stable_since = count, time.monotonic()
+    print(f"sentences synthesised before the cancel: {seen} of {len(sentences)}")
+    assert 1 <= seen < len(sentences)  # the cancel reached the synth stage: the rest is never spoken
 
 
 # ---- the round trip through omni's own Whisper ---------------------------------------------
@@ -286,23 +315,30 @@ def whisper(tmp_path_factory):
 
 
 def test_round_trip_speech_then_omni_whisper_wer(piper, whisper):
+    """Every sentence spoken in one of the formats (raw or SSE), then all transcribed at once
+    (the Whisper stages batch concurrent requests)."""
     import jiwer
 
     model = whisper.client().models.list().data[0].id
     formats = [("wav", "audio"), ("mp3", "sse"), ("flac", "audio"), ("opus", "sse"), ("pcm", "audio"),
                ("wav", "sse"), ("mp3", "audio"), ("flac", "sse"), ("opus", "audio"), ("pcm", "sse")]
-    references, hypotheses = [], []
+    uploads = []
     for i, sentence in enumerate(HARVARD):  # 12 sentences, 96 words
         fmt, stream_format = formats[i % len(formats)]
         audio = post_speech(piper, sentence, fmt, stream_format)
-        upload = as_wav(*decode(audio, fmt)) if fmt == "pcm" else audio
-        name = "speech.ogg" if fmt == "opus" else f"speech.{fmt if fmt != 'pcm' else 'wav'}"
-        resp = requests.post(whisper.url + "/v1/audio/transcriptions", timeout=120,
-                             data={"model": model, "language": "en", "response_format": "json"},
-                             files={"file": (name, audio if fmt != "pcm" else upload)})
+        if fmt == "pcm":  # headerless: sent to Whisper as a wav file
+            audio, fmt = as_wav(*decode(audio, fmt)), "wav"
+        uploads.append((f"speech.{'ogg' if fmt == 'opus' else fmt}", audio))
+
+    def transcribe(upload: tuple[str, bytes]) -> str:
+        resp = requests.post(whisper.url + "/v1/audio/transcriptions", timeout=240, files={"file": upload},
+                             data={"model": model, "language": "en", "response_format": "json"})
         assert resp.status_code == 200, resp.text
-        references.append(words(sentence))
-        hypotheses.append(words(resp.json()["text"]))
+        return resp.json()["text"]
+
+    with ThreadPoolExecutor(4) as pool:
+        hypotheses = [words(text) for text in pool.map(transcribe, uploads)]
+    references = [words(sentence) for sentence in HARVARD]
     error = jiwer.wer(references, hypotheses)
     print(f"round trip WER {error:.3f} over {len(references)} sentences")
     assert error <= 0.15, list(zip(references, hypotheses))
