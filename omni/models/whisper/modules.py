@@ -31,7 +31,8 @@ class Attention(nn.Module):
 
     def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention keys/values of [S, dim] memory, as [heads, S, head_dim] each."""
-        return self.split(self.k_proj(memory)).transpose(0, 1), self.split(self.v_proj(memory)).transpose(0, 1)
+        k = self.split(self.k_proj(memory)).transpose(0, 1).contiguous()  # contiguous: SDPA's fast path
+        return k, self.split(self.v_proj(memory)).transpose(0, 1).contiguous()
 
     def full(self, x: torch.Tensor) -> torch.Tensor:
         """Bidirectional self-attention over [B, T, dim]."""
