@@ -152,6 +152,7 @@ def test_registry_loads_plugins_and_resolves_their_stage_kinds(site, monkeypatch
     assert reports["example"].ok and reports["example"].provides == ["stage:example.reverse",
                                                                      "family:example-reverse (chat)"]
     assert not reports["broken-raises"].ok and "deliberately broken" in reports["broken-raises"].error
+    assert "broken.half" not in registry.stage_kinds  # registered before it raised: rolled back
     with pytest.raises(ValueError, match="unknown stage kind 'no.such.kind'"):
         registry.stage_class("no.such.kind")
 

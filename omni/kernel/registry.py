@@ -110,10 +110,12 @@ class Registry:
         self.plugins_loaded = True
         for ep in metadata.entry_points(group=group):
             self._current_provider, self._provided = ep.name, []
+            stages, families = dict(self.stage_kinds), dict(self.families)
             try:
                 ep.load()(self)
             except Exception as exc:  # a plugin's bug must not stop the others
                 log.warning("plugin %s failed to load: %s: %s", ep.name, type(exc).__name__, exc)
+                self.stage_kinds, self.families = stages, families  # nothing of it stays half-registered
                 self.plugins.append(PluginReport(ep.name, False, error=f"{type(exc).__name__}: {exc}"))
                 continue
             finally:
