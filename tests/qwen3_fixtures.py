@@ -50,7 +50,8 @@ def audio_part(pcm: np.ndarray, rate: int = 16000) -> dict[str, Any]:
 
 
 def prompts() -> dict[str, list[dict[str, Any]]]:
-    """Chat messages in the params contract: text only, with an audio, with an image."""
+    """Chat messages in the params contract: text only, with an audio, with an image, with two audios
+    (one longer than an encoder chunk: they pad together) and with two images of different sizes."""
     return {
         "text": [{"role": "system", "content": "be brief"},
                  {"role": "user", "content": "hello there, how are you today?"}],
@@ -58,6 +59,14 @@ def prompts() -> dict[str, list[dict[str, Any]]]:
                                                {"type": "text", "text": "what is this sound?"}]}],
         "image": [{"role": "user", "content": [{"type": "image", "data": png_bytes(40, 56, 2)},
                                                {"type": "text", "text": "describe the picture"}]}],
+        # transformers' talker cannot take audio and images in one prompt (its rope index then reads a
+        # config field the talker lacks), so several audios and several images come in separate prompts
+        "audios": [{"role": "system", "content": "you hear"},
+                   {"role": "user", "content": [audio_part(tone_pcm(2.3, 3)), {"type": "text", "text": "and then"},
+                                                audio_part(tone_pcm(0.4, 6))]}],
+        "images": [{"role": "user", "content": [{"type": "image", "data": png_bytes(30, 70, 4)},
+                                                {"type": "text", "text": "and then"},
+                                                {"type": "image", "data": png_bytes(64, 64, 5)}]}],
     }
 
 

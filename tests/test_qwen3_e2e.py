@@ -1,7 +1,7 @@
 """Qwen3-Omni end to end through the kernel (one process per stage) against transformers' `generate`.
 
 For three tiny random checkpoints that differ in layers, widths, experts, code groups and codebook
-sizes, and for text-only, audio-input and image-input prompts: greedy thinker tokens and talker codes
+sizes, and for text-only, audio-input, image-input, two-audio and two-image prompts: greedy thinker tokens and talker codes
 (every code group) exactly equal transformers', and the streamed waveform (the audio events
 concatenated) equals transformers' waveform within 1e-4 of its peak. transformers' inputs come from
 its own processor, so omni's preprocessing is under test too. One kernel per checkpoint serves every
@@ -21,12 +21,12 @@ from omni.kernel.registry import ModelInfo
 from omni.models.qwen3_omni.graph import build
 from omni.models.qwen3_omni.make_tiny import make_tiny
 from omni.models.qwen3_omni.request import SPEECH_INSTRUCTION
-from qwen3_fixtures import LoopThread, Oracle, Reference, Result, RunningKernel, expose_codes, params, prompts
+from qwen3_fixtures import IM_END, LoopThread, Oracle, Reference, Result, RunningKernel, expose_codes, params, prompts
 
 pytest.importorskip("transformers")
 
 PRESETS = ["tiny-a", "tiny-b", "tiny-c"]
-KINDS = ["text", "audio", "image"]
+KINDS = ["text", "audio", "image", "audios", "images"]
 THINKER, TALKER = 12, 40  # talker frames stay under transformers' 300-frame decode chunk
 WAVE_TOL = 1e-4  # of the reference waveform's peak
 
@@ -98,7 +98,7 @@ def test_references_end_every_way(system):
 
 def test_eight_concurrent_requests_equal_each_alone(system):
     voices = ["ethan", "chelsie", "aiden"]
-    batch = [params(prompts()[KINDS[i % 3]], voices[i % 3], THINKER + 2 * (i // 3), TALKER - 5 * (i // 3))
+    batch = [params(prompts()[KINDS[i % 5]], voices[i % 3], THINKER + 2 * (i // 5), TALKER - 5 * (i // 5))
              for i in range(8)]
     kernel = system.kernel
     alone = [kernel.one(p) for p in batch]
@@ -197,3 +197,21 @@ def test_bad_requests_fail_with_typed_errors(system):
         with pytest.raises(InvalidRequest, match=words):
             system.kernel.one(p)
     assert system.kernel.one(good).tokens == system.results["text"].tokens
+
+
+def test_text_stream_never_emits_half_a_character():
+    """Byte-level tokens split UTF-8 characters: the stream holds them back until they are whole."""
+    from omni.models.qwen3_omni.tokenizer_offline import build_tokenizer
+    from omni.stages.ar.detokenizer import TextStream
+
+    tok = build_tokenizer()
+    text = "né 😀!"
+    ids = tok.encode(text, add_special_tokens=False) + [IM_END]
+    stream = TextStream(tok.backend_tokenizer)
+    deltas = [stream.push([t]) for t in ids]
+    assert "".join(deltas) + stream.flush() == text
+    assert all("\ufffd" not in d for d in deltas) and deltas[1] == "" and deltas[2] == "é"
+    cut = TextStream(tok.backend_tokenizer)
+    assert cut.push(ids[:6]) == ""  # the chunk ends inside the emoji: held back whole
+    flushed = cut.flush()  # the request ended there: what was held, the broken emoji as replacement marks
+    assert flushed.startswith("né ") and set(flushed[3:]) == {"\ufffd"}
