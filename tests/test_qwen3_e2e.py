@@ -141,7 +141,7 @@ def test_text_variant_gives_the_same_text(system, loop):
 
 def test_cancel_mid_stream_frees_kv_blocks_in_both_ar_stages(system):
     kernel = system.kernel
-    long = params(prompts()["image"], thinker_tokens=200, talker_tokens=280, ignore_eos=True)
+    long = params(prompts()["image"], thinker_tokens=500, talker_tokens=280, ignore_eos=True)  # seconds of work left at the first audio
 
     async def cancel_after_first_audio():
         stream = kernel.kernel.submit(long)

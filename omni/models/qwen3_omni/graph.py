@@ -12,7 +12,7 @@ Options (all optional): `device`, `dtype` (e.g. "bfloat16"), `model_id`, `first_
 `chunk_frames` (the vocoder's first and later chunk sizes), `stage_args` ({stage: {arg: value}},
 merged last, e.g. engine sizes `{"thinker": {"num_blocks": 1024}}`). A checkpoint written by
 `make_tiny` (it leaves `omni_tiny.json`) is flagged as random weights and gets short default
-lengths: it says noise, and a random talker rarely finds its EOS.
+lengths: it says noise, and a random talker may never find its EOS.
 """
 
 from __future__ import annotations
