@@ -107,3 +107,18 @@ def test_real_tiny_en_tokens_equal_transformers(tiny_en, tmp_path, timestamps):
     if timestamps:
         seg = got["r0"]["events"][0]["segments"][0]
         assert 0.0 <= seg["start"] < seg["end"] <= len(clips[0]) / 16000 + 0.02
+
+
+def test_real_tiny_en_previous_text_prompt_equals_transformers(tiny_en, tmp_path):
+    from transformers import AutoProcessor, WhisperForConditionalGeneration
+
+    pcm = speak(SENTENCES[0], tmp_path, "prompt")
+    prompt = "Birch canoe, smooth planks."
+    enc, dec = make_stages(tiny_en)
+    got = run_stages(enc, dec, {"r": audio_params(pcm, prompt=prompt, sampling={"thinker": {"max_tokens": MAX_NEW}})})
+    proc = AutoProcessor.from_pretrained(tiny_en)
+    model = WhisperForConditionalGeneration.from_pretrained(tiny_en, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        want = model.generate(log_mel(pad_window(pcm), 80)[None], max_new_tokens=MAX_NEW,
+                              prompt_ids=proc.get_prompt_ids(prompt, return_tensors="pt"))[0].tolist()
+    assert got["r"]["token_ids"] == [want]

@@ -64,7 +64,7 @@ class WhisperText:
         text_ids: list[int] = []
         for t in ids:
             if t >= tb:
-                stamp = offset_s + (t - tb) * SECONDS_PER_TIMESTAMP
+                stamp = offset_s + min((t - tb) * SECONDS_PER_TIMESTAMP, duration_s)  # never past the window
                 if start is None:
                     start = stamp
                 elif text_ids:
