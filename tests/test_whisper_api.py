@@ -150,3 +150,21 @@ def test_whisper_beside_a_main_model(tiny_en, clips, alone):
         assert chat.status_code == 400 and "transcriptions" in chat.json()["error"]["message"]
         health = requests.get(f"{srv.url}/health", timeout=10).json()
         assert health["stages"][f"{srv.info.id}/decoder"] == "up"
+
+
+@pytest.mark.parametrize("fmt,subtype,rate,channels", [("FLAC", "PCM_16", 44100, 2), ("OGG", "VORBIS", 22050, 1),
+                                                       ("MP3", "MPEG_LAYER_III", 48000, 2)])
+def test_any_format_rate_and_channels(server, clips, alone, fmt, subtype, rate, channels):
+    import io
+
+    import soundfile as sf
+    import soxr
+
+    pcm = soxr.resample(clips[0][0], 16000, rate)
+    data = np.stack([pcm] * channels, axis=1) if channels == 2 else pcm
+    buf = io.BytesIO()
+    sf.write(buf, data, rate, format=fmt, subtype=subtype)
+    resp = server.transcribe(buf.getvalue())
+    assert resp.status_code == 200, resp.text
+    ref = " ".join(SHORT[0])
+    assert wer([ref], [resp.json()["text"]]) <= wer([ref], [alone[0]]) + 0.1  # lossy codecs may flip a word or two
