@@ -45,7 +45,7 @@ def noise_clips(n: int, seconds: float = 3.0) -> list[np.ndarray]:
 def complete_part(tokens: list[int], timestamp_begin: int) -> int:
     """How many leading tokens transformers keeps from one timestamped decoding pass: all of them
     when it ends on a single timestamp (or has no closed segment); else up to the last pair of
-    consecutive timestamps (it then re-decodes from that time on, see the README of the family)."""
+    consecutive timestamps (it then re-decodes from that time on; see omni/models/whisper/__init__.py)."""
     is_ts = [t >= timestamp_begin for t in tokens]
     pairs = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
     if not pairs or is_ts[-2:] == [False, True]:

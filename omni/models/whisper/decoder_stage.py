@@ -218,7 +218,7 @@ class WhisperDecoderStage(Stage):
         return bool(self.errors) or (self.engine is not None and self.engine.has_work())
 
     def backlog(self) -> int:
-        return sum(len(r.windows) - len(r.submitted) for r in self.requests.values())
+        return sum(1 for r in self.requests.values() for i in r.windows if i not in r.submitted)
 
     def stats(self) -> dict[str, Any]:
         stats = self.engine.stats() if self.engine else {}
