@@ -122,3 +122,16 @@ def test_real_tiny_en_previous_text_prompt_equals_transformers(tiny_en, tmp_path
         want = model.generate(log_mel(pad_window(pcm), 80)[None], max_new_tokens=MAX_NEW,
                               prompt_ids=proc.get_prompt_ids(prompt, return_tensors="pt"))[0].tolist()
     assert got["r"]["token_ids"] == [want]
+
+
+def test_preempted_windows_decode_the_same(random_dir):
+    """A KV cache for one max-length sequence and 12 windows at once: the engine preempts and
+    recomputes (cross-attention keys/values stay with the sequence), and the tokens do not change."""
+    clips = noise_clips(12, seconds=1.0)
+    requests = {f"r{i}": audio_params(pcm, language="en", sampling={"thinker": {"max_tokens": MAX_NEW}})
+                for i, pcm in enumerate(clips)}
+    roomy = run_stages(*make_stages(random_dir), requests)
+    enc, dec = make_stages(random_dir, num_blocks=28, block_size=16)
+    tight = run_stages(enc, dec, requests)
+    assert dec.engine.scheduler.num_preemptions > 0
+    assert {r: v["token_ids"] for r, v in tight.items()} == {r: v["token_ids"] for r, v in roomy.items()}

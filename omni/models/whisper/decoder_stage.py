@@ -74,8 +74,11 @@ class WhisperDecoderStage(Stage):
         max_len = self.cfg.max_target_positions
         max_seqs = int(args.get("max_num_seqs", args.get("max_batch", 32)))
         block = int(args.get("block_size", 16))
-        engine_cfg = EngineConfig(block_size=block, num_blocks=int(args.get("num_blocks", max_seqs * (-(-max_len // block)))),
-                                  max_num_seqs=max_seqs, max_num_batched_tokens=int(args.get("max_num_batched_tokens", 2048)),
+        # KV room for 256 tokens a window on average (most transcripts are far shorter; the engine
+        # preempts when a batch of long ones runs out)
+        num_blocks = int(args.get("num_blocks", max(max_seqs * 256, max_len) // block))
+        engine_cfg = EngineConfig(block_size=block, num_blocks=num_blocks, max_num_seqs=max_seqs,
+                                  max_num_batched_tokens=int(args.get("max_num_batched_tokens", 2048)),
                                   max_model_len=max_len, device=self.ctx.device, eos_token_ids=(self.cfg.eot,))
         self.engine = AREngine(model, engine_cfg)
         self.engine.sampler = WhisperSampler()
