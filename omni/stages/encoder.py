@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from omni.kernel.stage import Emit, Stage, StageContext
+from omni.stages.threads import pin_torch_threads
 
 
 class BatchEncoder(Protocol):
@@ -75,6 +76,7 @@ class EncoderStage(Stage):
         raise NotImplementedError("pass an encoder or override build_encoder")
 
     def setup(self) -> None:
+        pin_torch_threads(self.ctx.args)
         if self.encoder is None:
             self.encoder = self.build_encoder()
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
+from omni.stages.threads import pin_torch_threads
 
 
 class StreamingCodec(Protocol):
@@ -79,6 +80,7 @@ class VocoderStage(Stage):
         raise NotImplementedError("pass a codec or override build_codec")
 
     def setup(self) -> None:
+        pin_torch_threads(self.ctx.args)
         if self.codec is None:
             self.codec = self.build_codec()
 

@@ -8,7 +8,8 @@
 Variants: `speech` (default; text and audio out) and `text` (thinker only: the talker and
 code2wav are neither in the graph nor loaded). Every stage loads only its own weights.
 
-Options (all optional): `device`, `dtype` (e.g. "bfloat16"), `model_id`, `first_chunk_frames` /
+Options (all optional): `device`, `dtype` (e.g. "bfloat16"), `model_id`, `threads` (torch threads per
+CPU stage process; default: the cores shared evenly, at least 1), `first_chunk_frames` /
 `chunk_frames` (the vocoder's first and later chunk sizes), `stage_args` ({stage: {arg: value}},
 merged last, e.g. engine sizes `{"thinker": {"num_blocks": 1024}}`). A checkpoint written by
 `make_tiny` (it leaves `omni_tiny.json`) is flagged as random weights and gets short default
@@ -18,6 +19,7 @@ lengths: it says noise, and a random talker may never find its EOS.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +74,12 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     device, dtype = options.get("device", "cpu"), options.get("dtype")
     voices = voices_of(cfg) if speaks else []
 
+    n_stages = 6 if speaks else 4
+    threads = int(options.get("threads") or max(1, (os.cpu_count() or 1) // n_stages))
+
     def stage(name: str, args: dict[str, Any], **spec: Any) -> StageSpec:
-        args = {**args, **({"dtype": dtype} if dtype else {}), **options.get("stage_args", {}).get(name, {})}
+        args = {**args, "threads": threads, **({"dtype": dtype} if dtype else {}),
+                **options.get("stage_args", {}).get(name, {})}
         return StageSpec(name, _KINDS[name], args=args, device="cpu" if name == "preprocess" else device, **spec)
 
     stages = [

@@ -24,6 +24,7 @@ import numpy as np
 from omni.kernel.errors import InvalidRequest, OmniError
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.models.qwen3_omni.request import chat_messages, check_voice, wants_audio
+from omni.stages.threads import pin_torch_threads
 
 
 @dataclass
@@ -44,6 +45,7 @@ class PreprocessStage(Stage):
     def setup(self) -> None:
         from omni.models.qwen3_omni.preprocess import Preprocessor
 
+        pin_torch_threads(self.ctx.args)
         self.pre = Preprocessor(self.ctx.args["model_dir"])
 
     # ---- requests -------------------------------------------------------------------

@@ -32,6 +32,7 @@ from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.engine import AREngine, StepOutput
 from omni.stages.ar.model_api import ARModel
 from omni.stages.ar.sequence import SamplingParams
+from omni.stages.threads import pin_torch_threads
 
 
 @dataclass
@@ -81,6 +82,7 @@ class ARStage(Stage):
         return EngineConfig.from_dict(args)
 
     def setup(self) -> None:
+        pin_torch_threads(self.ctx.args)
         self.engine = AREngine(self.build_model(), self.engine_config())
 
     # ---- requests -------------------------------------------------------------------
