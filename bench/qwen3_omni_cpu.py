@@ -121,8 +121,7 @@ async def omni_level(kernel: Kernel, reqs, concurrency: int, args) -> tuple[dict
 
 async def run_omni(ckpt: str, levels, args) -> tuple[list[dict[str, Any]], list[dict], float]:
     graph, _ = build(ckpt, first_chunk_frames=args.first_chunk_frames)
-    kernel = Kernel(graph, mode="process", env={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
-                    max_inflight=max(levels))
+    kernel = Kernel(graph, mode="process", env={"TOKENIZERS_PARALLELISM": "false"}, max_inflight=max(levels))
     t0 = time.perf_counter()
     await kernel.start()
     start_s = time.perf_counter() - t0
@@ -165,7 +164,8 @@ def markdown(report: dict[str, Any]) -> str:
              f"Model: tiny random Qwen3-Omni (`make_tiny` preset {cfg['preset']}, seed {cfg['seed']}): "
              f"{cfg['thinker_tokens']} thinker tokens and up to {cfg['talker_tokens']} talker frames per request, "
              f"greedy; prompts cycle text-only / audio input / image input. omni: {cfg['omni_stages']} stage "
-             f"processes, 1 torch thread each, vocoder first chunk {cfg['first_chunk_frames']} frames, started in "
+             f"processes, {cfg['omni_threads_per_stage']} torch thread(s) each, vocoder first chunk "
+             f"{cfg['first_chunk_frames']} frames, started in "
              f"{report['omni_start_s']} s. transformers: `generate`, {cfg['hf_threads']} torch thread(s), one "
              "request at a time.", "",
              "| engine | in flight | requests | req/s | TTFA p50 (ms) | TTFA max (ms) | latency p50 (ms) | RTF p50 "
@@ -215,7 +215,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     load_at_start = round(os.getloadavg()[0], 2)  # the box may be shared: say how busy it was
     with tempfile.TemporaryDirectory(prefix="omni-bench-") as tmp:
         ckpt = str(make_tiny(Path(tmp) / args.preset, seed=args.seed, preset=args.preset))
-        report["config"]["omni_stages"] = len(build(ckpt)[0].stages)
+        stages = build(ckpt)[0].stages
+        report["config"]["omni_stages"] = len(stages)
+        report["config"]["omni_threads_per_stage"] = stages[0].args["threads"]  # the graph's default share
         say(f"[transformers] preset {args.preset}, {args.hf_threads} thread(s)")
         refs_needed = workload(max(args.requests_alone, args.requests_per_level * max(args.concurrency)))
         oracle = Oracle(ckpt)
