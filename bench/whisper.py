@@ -8,7 +8,7 @@ transcribed with at most c in flight:
 - transformers: `pipeline("automatic-speech-recognition")` called with the c clips of a round
   as one list and batch_size=c (its only form of concurrency), greedy (num_beams=1: the pipeline
   would otherwise run 5 beams), max_new_tokens 128.
-Each setting runs --repeat times (default 2) and keeps the fastest. Reported: transcriptions/s, throughput RTF (wall seconds / audio seconds, lower is better), median
+Reported: transcriptions/s, throughput RTF (wall seconds / audio seconds, lower is better), median
 per-request latency, and whether omni's texts equal transformers' (both greedy on equal features).
 
 Run:  .venv/bin/python bench/whisper.py [--model tiny.en|base] [--mode process|inline]
@@ -48,7 +48,7 @@ def make_clips(n: int, out: Path) -> list[np.ndarray]:
             for i in range(n)]
 
 
-async def run_omni(model_dir: Path, mode: str, plan: dict[int, list[np.ndarray]], repeat: int) -> tuple[dict, dict]:
+async def run_omni(model_dir: Path, mode: str, plan: dict[int, list[np.ndarray]]) -> tuple[dict, dict]:
     graph, info = build(model_dir, max_num_seqs=32)
     kernel = Kernel(graph, mode=mode, max_inflight=256)
     await kernel.start()
@@ -69,20 +69,18 @@ async def run_omni(model_dir: Path, mode: str, plan: dict[int, list[np.ndarray]]
                 async with sem:
                     return await one(pcm)
 
-            for _ in range(repeat):  # the best of `repeat` runs: the machine may be shared
-                t0 = time.perf_counter()
-                out = await asyncio.gather(*(bounded(p) for p in clips))
-                wall = time.perf_counter() - t0
-                if c not in results or wall < results[c]["wall_s"]:
-                    results[c] = summary(c, clips, wall, [lat for _, lat in out])
-                    texts[c] = [t for t, _ in out]
+            t0 = time.perf_counter()
+            out = await asyncio.gather(*(bounded(p) for p in clips))
+            wall = time.perf_counter() - t0
+            results[c] = summary(c, clips, wall, [lat for _, lat in out])
+            texts[c] = [t for t, _ in out]
             print(f"omni         c={c:>2}: {results[c]}", flush=True)
     finally:
         await kernel.stop()
     return results, texts
 
 
-def run_transformers(model_dir: Path, plan: dict[int, list[np.ndarray]], repeat: int) -> tuple[dict, dict]:
+def run_transformers(model_dir: Path, plan: dict[int, list[np.ndarray]]) -> tuple[dict, dict]:
     import torch
     from transformers import AutoProcessor, WhisperForConditionalGeneration, pipeline
 
@@ -96,17 +94,15 @@ def run_transformers(model_dir: Path, plan: dict[int, list[np.ndarray]], repeat:
     pipe(plan[min(plan)][0].copy(), generate_kwargs=kwargs)  # warm-up
     results, texts = {}, {}
     for c, clips in plan.items():
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            out, lat = [], []
-            for i in range(0, len(clips), c):  # one batched call per round of c clips
-                r0 = time.perf_counter()
-                out += pipe([p.copy() for p in clips[i:i + c]], batch_size=c, generate_kwargs=kwargs)
-                lat += [time.perf_counter() - r0] * len(clips[i:i + c])
-            wall = time.perf_counter() - t0
-            if c not in results or wall < results[c]["wall_s"]:
-                results[c] = summary(c, clips, wall, lat)
-                texts[c] = [o["text"] for o in out]
+        t0 = time.perf_counter()
+        out, lat = [], []
+        for i in range(0, len(clips), c):  # one batched call per round of c clips
+            r0 = time.perf_counter()
+            out += pipe([p.copy() for p in clips[i:i + c]], batch_size=c, generate_kwargs=kwargs)
+            lat += [time.perf_counter() - r0] * len(clips[i:i + c])
+        wall = time.perf_counter() - t0
+        results[c] = summary(c, clips, wall, lat)
+        texts[c] = [o["text"] for o in out]
         print(f"transformers c={c:>2}: {results[c]}", flush=True)
     return results, texts
 
@@ -127,8 +123,7 @@ def write_markdown(path: Path, report: dict) -> None:
                     f"{t['transcriptions_per_s']} | {t['rtf']} | {t['latency_p50_s']} | {report['same_text'][c]} |")
     env = report["env"]
     text = [f"# Whisper {report['model']} on CPU: omni vs transformers' pipeline", "",
-            f"{report['date']}, {env['cpus']} CPUs (load average {env['load_avg_at_end'][0]} at the end: a shared "
-            f"machine), torch {env['torch']}, transformers {env['transformers']}, omni stages "
+            f"{report['date']}, {env['cpus']} CPUs, torch {env['torch']}, transformers {env['transformers']}, omni stages "
             f"in {report['mode']} mode. Audio: espeak-ng Harvard sentences, 2 per clip "
             f"(~{report['clip_s']:.1f} s each). Run: `.venv/bin/python bench/whisper.py`.", "",
             *rows, "",
@@ -144,7 +139,6 @@ def main() -> None:
     parser.add_argument("--mode", default="process", choices=("process", "inline"))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--min-requests", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=2, help="runs per setting; the fastest is kept")
     parser.add_argument("--out", default="bench/results/whisper.json")
     parser.add_argument("--md", default="bench/RESULTS_whisper.md")
     args = parser.parse_args()
@@ -158,14 +152,13 @@ def main() -> None:
     n_max = max(max(c, args.min_requests) for c in args.concurrency)
     pool = make_clips(min(n_max, 16), work)
     plan = {c: [pool[i % len(pool)] for i in range(max(c, args.min_requests))] for c in args.concurrency}
-    omni, omni_texts = asyncio.run(run_omni(model_dir, args.mode, plan, args.repeat))
-    hf, hf_texts = run_transformers(model_dir, plan, args.repeat)
+    omni, omni_texts = asyncio.run(run_omni(model_dir, args.mode, plan))
+    hf, hf_texts = run_transformers(model_dir, plan)
     same = {c: [normalize(a) for a in omni_texts[c]] == [normalize(b) for b in hf_texts[c]] for c in plan}
-    report = {"model": f"whisper-{args.model}", "mode": args.mode, "repeat": args.repeat, "date": datetime.date.today().isoformat(),
+    report = {"model": f"whisper-{args.model}", "mode": args.mode, "date": datetime.date.today().isoformat(),
               "clip_s": float(np.mean([len(p) / 16000 for p in pool])),
               "env": {"cpus": os.cpu_count(), "torch": torch.__version__, "transformers": transformers.__version__,
-                      "python": platform.python_version(),
-                      "load_avg_at_end": [round(x, 2) for x in os.getloadavg()]},
+                      "python": platform.python_version()},
               "omni": omni, "transformers": hf, "same_text": same}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
