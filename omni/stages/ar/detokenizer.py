@@ -16,10 +16,16 @@ PARTIAL = "\ufffd"
 
 
 def load_tokenizer(model_dir: str | Path) -> Any:
-    """The checkpoint's fast tokenizer (`tokenizer.json`), without importing transformers."""
-    from tokenizers import Tokenizer
+    """The checkpoint's fast tokenizer: `tokenizer.json` directly (no transformers import), else the
+    one transformers builds from the checkpoint's vocabulary files."""
+    path = Path(model_dir) / "tokenizer.json"
+    if path.is_file():
+        from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+        return Tokenizer.from_file(str(path))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir)).backend_tokenizer
 
 
 class TextStream:
