@@ -1,8 +1,8 @@
 """Qwen3-Omni end to end through the kernel (one process per stage) against transformers' `generate`.
 
 For three tiny random checkpoints that differ in layers, widths, experts, code groups and codebook
-sizes, and for text-only, audio-input, image-input, two-audio and two-image prompts: greedy thinker tokens and talker codes
-(every code group) exactly equal transformers', and the streamed waveform (the audio events
+sizes, and for text-only, audio-input, image-input, two-audio and two-image prompts: greedy thinker
+tokens and talker codes (every code group) exactly equal transformers', and the streamed waveform (the audio events
 concatenated) equals transformers' waveform within 1e-4 of its peak. transformers' inputs come from
 its own processor, so omni's preprocessing is under test too. One kernel per checkpoint serves every
 test of that checkpoint.
@@ -141,7 +141,8 @@ def test_text_variant_gives_the_same_text(system, loop):
 
 def test_cancel_mid_stream_frees_kv_blocks_in_both_ar_stages(system):
     kernel = system.kernel
-    long = params(prompts()["image"], thinker_tokens=500, talker_tokens=280, ignore_eos=True)  # seconds of work left at the first audio
+    # seconds of work are left when the first audio arrives
+    long = params(prompts()["image"], thinker_tokens=500, talker_tokens=280, ignore_eos=True)
 
     async def cancel_after_first_audio():
         stream = kernel.kernel.submit(long)
