@@ -2,10 +2,10 @@
 
 For three tiny random checkpoints that differ in layers, widths, experts, code groups and codebook
 sizes, and for text-only, audio-input, image-input, two-audio and two-image prompts: greedy thinker
-tokens and talker codes (every code group) exactly equal transformers', and the streamed waveform (the audio events
-concatenated) equals transformers' waveform within 1e-4 of its peak. transformers' inputs come from
-its own processor, so omni's preprocessing is under test too. One kernel per checkpoint serves every
-test of that checkpoint.
+tokens and talker codes (every code group) exactly equal transformers', and the streamed waveform
+(the audio events concatenated) equals transformers' waveform within 1e-4 of its peak.
+transformers' inputs come from its own processor, so omni's preprocessing is under test too. One
+kernel per checkpoint serves every test of that checkpoint.
 """
 
 from __future__ import annotations
