@@ -10,7 +10,8 @@ token ids come from `params["prompt_token_ids"]` or the first chunk's `token_ids
 with images / videos also needs their grids (`image_grid_thw`, `video_grid_thw`,
 `video_second_per_grid`, as the vision encoder sends them) in a chunk on any port. As soon
 as the prefill can be built the sequence enters the engine; later steps park until the
-thinker row they need arrives, or `close_input` says the thinker is done. A request whose modalities leave audio out ends at once, without work.
+thinker row they need arrives, or `close_input` says the thinker is done. A request whose
+modalities leave audio out ends at once, without work.
 
 Each step emits Emit(rid, "codes", {"codes": int64 [1, num_code_groups]}) per new frame
 and Emit(rid, finish=True) at codec EOS or max_tokens.
