@@ -93,7 +93,7 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
                          "content": await _content(state, msg.content, f"messages[{i}].content")})
     base = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
             "repetition_penalty": req.repetition_penalty, "seed": req.seed,
-            "max_tokens": req.max_completion_tokens or req.max_tokens}
+            "max_tokens": req.max_completion_tokens or req.max_tokens, "ignore_eos": req.ignore_eos}
     base = {k: v for k, v in base.items() if v is not None}
     return {"task": "chat", "messages": messages, "modalities": modalities, "voice": voice,
             "sampling": stage_sampling(state, base, req.stage_sampling)}

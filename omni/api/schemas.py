@@ -70,6 +70,7 @@ class StageSampling(Struct, forbid_unknown_fields=True):
     repetition_penalty: RepetitionPenalty | None = None
     max_tokens: MaxTokens | None = None
     seed: Seed | None = None
+    ignore_eos: bool | None = None  # generate exactly max_tokens (benchmarks compare equal work)
 
 
 class ChatCompletionRequest(Struct):
@@ -90,6 +91,7 @@ class ChatCompletionRequest(Struct):
     n: Annotated[int, Meta(ge=1, le=1)] = 1
     stage_sampling: dict[str, StageSampling] | None = None
     user: str | None = None
+    ignore_eos: bool | None = None  # vLLM's extension: the thinker does not stop at EOS
 
 
 class SpeechRequest(Struct):

@@ -111,12 +111,17 @@ class TalkerStage(ARStage):
 
     def sampling_params(self, params: dict[str, Any]) -> SamplingParams:
         """transformers' talker defaults, then `args["default_sampling"]`, then the request's
-        `params["sampling"]["talker"]`; codec EOS stops, the codec specials are suppressed and
+        `params["sampling"]["talker"]`; codec EOS stops (with `ignore_eos` it is suppressed instead, so the
+        talker makes exactly max_tokens frames), the codec specials are suppressed and
         the repetition penalty covers generated codes only, as in transformers."""
         merged = {**DEFAULT_SAMPLING, **self.ctx.args.get("default_sampling", {})}
         merged.update((params.get("sampling") or {}).get(self.sampling_key) or {})
-        merged["stop_token_ids"] = (self.model.ids.codec_eos,)
-        merged["suppress_token_ids"] = self.model.suppress_token_ids
+        if merged.get("ignore_eos"):  # exactly max_tokens frames: codec EOS is never sampled
+            merged["stop_token_ids"] = ()
+            merged["suppress_token_ids"] = self.model.suppress_token_ids + (self.model.ids.codec_eos,)
+        else:
+            merged["stop_token_ids"] = (self.model.ids.codec_eos,)
+            merged["suppress_token_ids"] = self.model.suppress_token_ids
         merged["penalty_includes_prompt"] = False
         return SamplingParams.from_dict(merged)
 
