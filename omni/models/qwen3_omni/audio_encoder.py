@@ -20,6 +20,7 @@ from torch import nn
 
 from omni.kernel.errors import InvalidRequest
 from omni.models.qwen3_omni.config import AudioEncoderConfig, load_config
+from omni.models.qwen3_omni.random_load import random_part
 from omni.models.qwen3_omni.weights import load_into
 from omni.stages.encoder import EncoderStage
 
@@ -189,6 +190,7 @@ class AudioEncoderStage(EncoderStage):
 
     def build_encoder(self) -> AudioFeaturesEncoder:
         dtype = self.ctx.args.get("dtype")
-        model = AudioEncoder.from_checkpoint(
+        model = random_part("audio_encoder", self.ctx.args, self.ctx.device)  # load_format="random"
+        model = model if model is not None else AudioEncoder.from_checkpoint(
             self.ctx.args["model"], dtype=getattr(torch, dtype) if dtype else None, device=self.ctx.device)
         return AudioFeaturesEncoder(model)

@@ -26,6 +26,7 @@ from omni.models.qwen3_omni.code2wav_layers import (
 )
 from omni.models.qwen3_omni.code2wav_transformer import PreTransformer, SlidingAttention
 from omni.models.qwen3_omni.config import Code2WavConfig, load_config
+from omni.models.qwen3_omni.random_load import random_part
 from omni.models.qwen3_omni.weights import CheckpointError, load_into
 from omni.stages.vocoder import VocoderStage
 
@@ -182,6 +183,9 @@ class Code2WavStage(VocoderStage):
 
     def build_codec(self) -> Code2Wav:
         dtype = self.ctx.args.get("dtype")
+        model = random_part("code2wav", self.ctx.args, self.ctx.device)  # load_format="random"
+        if model is not None:
+            return model
         return Code2Wav.from_checkpoint(
             self.ctx.args["model"], dtype=getattr(torch, dtype) if dtype else None, device=self.ctx.device
         )

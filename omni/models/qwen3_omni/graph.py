@@ -13,7 +13,9 @@ CPU stage process; default: the cores shared evenly, at least 1), `first_chunk_f
 `chunk_frames` (the vocoder's first and later chunk sizes), `stage_args` ({stage: {arg: value}},
 merged last, e.g. engine sizes `{"thinker": {"num_blocks": 1024}}`). A checkpoint written by
 `make_tiny` (it leaves `omni_tiny.json`) is flagged as random weights and gets short default
-lengths: it says noise, and a random talker may never find its EOS.
+lengths: it says noise, and a random talker may never find its EOS. A directory written by
+`presets_full` (config + tokenizer, `omni_random.json`, no weights) sets `load_format="random"` on
+every model stage: each draws its weights on its own device (`random_load`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.kernel.registry import ModelInfo
 from omni.models.qwen3_omni.config import Qwen3OmniConfig, load_config
 from omni.models.qwen3_omni.make_tiny import TINY_MARKER  # next to a random-weight checkpoint
+from omni.models.qwen3_omni.presets_full import random_marker  # a config-only dir: random weights at load
 
 FAMILY = "qwen3-omni"
 VARIANTS = ("speech", "text")
@@ -70,7 +73,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         raise GraphError(f"{model_dir} has no talker / code2wav (no audio output); use variant 'text'")
     speaks = variant == "speech"
     tiny = is_tiny(model_dir)
-    lengths = TINY_MAX_TOKENS if tiny else DEFAULT_MAX_TOKENS
+    randomized = random_marker(model_dir)  # a presets_full dir: every stage draws random weights
+    lengths = TINY_MAX_TOKENS if tiny or randomized else DEFAULT_MAX_TOKENS
     device, dtype = options.get("device", "cpu"), options.get("dtype")
     voices = voices_of(cfg) if speaks else []
 
@@ -79,6 +83,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
 
     def stage(name: str, args: dict[str, Any], **spec: Any) -> StageSpec:
         args = {**args, "threads": threads, **({"dtype": dtype} if dtype else {}),
+                **({"load_format": "random", "seed": randomized.get("seed", 0)} if randomized and name != "preprocess"
+                   else {}),
                 **options.get("stage_args", {}).get(name, {})}
         return StageSpec(name, _KINDS[name], args=args, device="cpu" if name == "preprocess" else device, **spec)
 
@@ -118,8 +124,9 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         transcribes=True,
         voices=voices,
         sample_rate=cfg.code2wav.sample_rate if cfg.code2wav is not None else 24000,
-        random_weights=tiny,
-        extra={"variant": variant, "model_dir": model_dir, **_tiny_facts(model_dir, tiny)},
+        random_weights=tiny or bool(randomized),
+        extra={"variant": variant, "model_dir": model_dir, **_tiny_facts(model_dir, tiny),
+               **({"random_load": randomized} if randomized else {})},
     )
     return graph, info
 

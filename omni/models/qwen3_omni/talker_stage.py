@@ -29,6 +29,7 @@ from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, StageContext
 from omni.models.qwen3_omni.request import voice_of, wants_audio
 from omni.models.qwen3_omni.rope import VisionGrid
+from omni.models.qwen3_omni.random_load import random_part
 from omni.models.qwen3_omni.talker import TalkerModel, TalkerRequest
 from omni.stages.ar.engine import StepOutput
 from omni.stages.ar.sequence import SamplingParams
@@ -85,7 +86,8 @@ class TalkerStage(ARStage):
             if "model_dir" not in args and "model_factory" in args:
                 return super().build_model()
             dtype = getattr(torch, args.get("dtype") or "float32")
-            model = TalkerModel.from_checkpoint(args["model_dir"], dtype=dtype, device=self.ctx.device)
+            model = random_part("talker", args, self.ctx.device)  # load_format="random"
+            model = model if model is not None else TalkerModel.from_checkpoint(args["model_dir"], dtype=dtype, device=self.ctx.device)
         return model
 
     def setup(self) -> None:

@@ -25,6 +25,7 @@ import torch
 from omni.kernel.stage import Emit, StageContext
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.request import wants_audio
+from omni.models.qwen3_omni.random_load import random_part
 from omni.models.qwen3_omni.thinker import Qwen3OmniThinker
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.detokenizer import TextStream, load_tokenizer
@@ -52,6 +53,9 @@ class ThinkerStage(ARStage):
             return args["model"]
         if not args.get("model_dir"):
             return super().build_model()
+        model = random_part("thinker", args, self.ctx.device)  # load_format="random"
+        if model is not None:
+            return model
         dtype = getattr(torch, args.get("dtype") or "float32")
         return Qwen3OmniThinker.from_checkpoint(args["model_dir"], device=self.ctx.device, dtype=dtype)
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from omni.kernel.errors import InvalidRequest
 from omni.models.qwen3_omni.config import VisionEncoderConfig, load_config
+from omni.models.qwen3_omni.random_load import random_part
 from omni.models.qwen3_omni.weights import load_into
 from omni.stages.encoder import EncoderStage
 
@@ -201,6 +202,7 @@ class VisionEncoderStage(EncoderStage):
 
     def build_encoder(self) -> ImagePatchesEncoder:
         dtype = self.ctx.args.get("dtype")
-        model = VisionEncoder.from_checkpoint(
+        model = random_part("vision_encoder", self.ctx.args, self.ctx.device)  # load_format="random"
+        model = model if model is not None else VisionEncoder.from_checkpoint(
             self.ctx.args["model"], dtype=getattr(torch, dtype) if dtype else None, device=self.ctx.device)
         return ImagePatchesEncoder(model)
