@@ -27,6 +27,7 @@ from omni.models.whisper.transcript import WhisperText, join_texts
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.engine import AREngine
 from omni.stages.ar.sequence import SamplingParams
+from omni.stages.threads import pin_torch_threads
 
 DETECT = "lang"  # engine rid suffix of a language-detection sequence
 
@@ -66,6 +67,7 @@ class WhisperDecoderStage(Stage):
 
     def setup(self) -> None:
         args = self.ctx.args
+        pin_torch_threads(args)
         model_dir = args["model_dir"]
         self.cfg = WhisperConfig.from_dir(model_dir)
         self.text = WhisperText(model_dir, self.cfg)

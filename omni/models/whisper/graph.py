@@ -3,11 +3,14 @@
     graph, info = build("/path/to/whisper-checkpoint")
 
 options: device ("cpu"), dtype ("float32"; "float16" on GPU), max_batch (encoder windows per
-forward, 8), max_num_seqs (decoder sequences at once, 32), max_audio_s (600).
+forward, 8), max_num_seqs (decoder sequences at once, 32), max_audio_s (600), threads (torch
+threads per stage process; default half the cores each, so the two stages overlap without
+oversubscribing the CPU).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +34,16 @@ def build(model_dir: str | Path, variant: str | None = None, **options: Any) -> 
     model_dir = str(Path(model_dir).resolve())
     cfg = WhisperConfig.from_dir(model_dir)
     device = options.get("device", "cpu")
+    cores = os.cpu_count() or 2
+    enc_threads = int(options.get("encoder_threads") or options.get("threads") or cores)
+    dec_threads = int(options.get("decoder_threads") or options.get("threads") or max(1, cores // 2))
     common = {"model_dir": model_dir, "dtype": options.get("dtype", "float32")}
     max_seqs = int(options.get("max_num_seqs", 32))
     encoder = StageSpec("encoder", ENCODER_KIND, device=device, max_batch=int(options.get("max_batch", 8)),
-                        args={**common, "max_audio_s": float(options.get("max_audio_s", 600.0))},
+                        args={**common, "threads": enc_threads, "max_audio_s": float(options.get("max_audio_s", 600.0))},
                         arena_bytes=int(options.get("arena_bytes", 256 << 20)))
     decoder = StageSpec("decoder", DECODER_KIND, device=device, max_batch=max_seqs,
-                        args={**common, "max_num_seqs": max_seqs})
+                        args={**common, "threads": dec_threads, "max_num_seqs": max_seqs})
     graph = Graph(name="whisper", stages=[encoder, decoder],
                   edges=[EdgeSpec("encoder", "windows", "decoder"), EdgeSpec("decoder", "text", OUT)])
     info = ModelInfo(id=options.get("model_id") or model_id(model_dir), family="whisper", transcribes=True,
