@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni.models.qwen3_omni.moe_routed import routed_experts
 from omni.models.qwen3_omni.weights import CheckpointError
 
 
@@ -120,6 +121,9 @@ class SharedExpertMoE(nn.Module):
         if self.norm_topk:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(logits.dtype)
+        if h.is_cuda:  # no host syncs (CUDA graphs)
+            routed = routed_experts(h, weights, chosen, self.experts.gate_up_proj, self.experts.down_proj, F.silu)
+            return (routed + torch.sigmoid(self.shared_expert_gate(h)) * shared).reshape(shape)
         routed = torch.zeros_like(h)
         for e in torch.unique(chosen).tolist():
             rows, slot = torch.where(chosen == e)

@@ -79,6 +79,8 @@ class Qwen3OmniThinker(nn.Module, ARModel):
     `video_deepstack` [k, Nv, H]. A list of arrays is concatenated on the token axis.
     """
 
+    supports_cuda_graphs = True  # decode reads no spans (deepstack rows are prompt-only), no host syncs on CUDA
+
     def __init__(self, cfg: ThinkerConfig, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.cfg = cfg

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni.models.qwen3_omni.config import DecoderConfig
+from omni.models.qwen3_omni.moe_routed import routed_experts
 from omni.models.qwen3_omni.rope import apply_rope
 from omni.stages.ar.model_api import ForwardBatch
 
@@ -113,6 +114,8 @@ class SparseMoE(nn.Module):
         if self.norm_topk:
             weights = weights / weights.sum(-1, keepdim=True)
         weights = weights.to(x.dtype)
+        if x.is_cuda:  # no host syncs (CUDA graphs)
+            return routed_experts(x, weights, chosen, self.experts.gate_up_proj, self.experts.down_proj, self.act)
         if _grouped_mm_ok(x):
             return self._grouped(x, weights, chosen)
         return self._per_expert(x, weights, chosen)

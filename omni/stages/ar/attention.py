@@ -16,6 +16,7 @@ batch size later.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,9 @@ class AttentionMetadata:
     attn_mask: torch.Tensor  # [B, 1, max_query_len, max_seq_len] bool, True = may attend
     max_query_len: int
     max_seq_len: int
+    # pure-decode steps go to this paged kernel when set (see triton_attention.py):
+    # (kv_cache, layer, q [B, Hq, D], block_tables, seq_lens, scale) -> [B, Hq, D]
+    decode_kernel: Callable | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -97,6 +101,8 @@ def paged_attention(
     v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
 
     batch, max_q, max_seq = meta.block_tables.shape[0], meta.max_query_len, meta.max_seq_len
+    if meta.decode_kernel is not None and max_q == 1 and q.shape[0] == batch:
+        return meta.decode_kernel(kv_cache, layer, q, meta.block_tables, meta.seq_lens, scale or dim**-0.5)
     keys = kv_cache[layer, 0][meta.block_tables].reshape(batch, -1, hkv, dim)[:, :max_seq]
     values = kv_cache[layer, 1][meta.block_tables].reshape(batch, -1, hkv, dim)[:, :max_seq]
     hq = q.shape[1]

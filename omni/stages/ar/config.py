@@ -8,6 +8,9 @@ from typing import Any
 from omni.kernel.errors import InvalidRequest
 
 
+ATTENTION_BACKENDS = ("torch", "triton")
+
+
 class EngineConfigError(InvalidRequest):
     """An engine setting is invalid (names the field)."""
 
@@ -31,6 +34,9 @@ class EngineConfig:
     dtype: str = ""  # KV cache dtype; "" = the model's dtype
     tap_layers: tuple[int, ...] = ()  # hidden-state taps: 0 = embeddings, i = output of layer i
     eos_token_ids: tuple[int, ...] = ()
+    cuda_graphs: bool = False  # replay decode steps from CUDA graphs (models with supports_cuda_graphs)
+    cuda_graph_max_batch: int = 0  # largest captured decode batch; 0 = max_num_seqs
+    attention_backend: str = "torch"  # "triton": paged decode kernel on CUDA (prefill stays torch)
 
     def __post_init__(self) -> None:
         self.tap_layers = tuple(int(x) for x in self.tap_layers)
@@ -38,6 +44,11 @@ class EngineConfig:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if int(getattr(self, name)) < 1:
                 raise EngineConfigError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise EngineConfigError(f"EngineConfig.attention_backend must be one of {ATTENTION_BACKENDS}, "
+                                    f"got {self.attention_backend!r}")
+        if self.cuda_graph_max_batch < 0:
+            raise EngineConfigError(f"EngineConfig.cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}")
         if self.num_blocks * self.block_size < self.max_model_len:
             raise EngineConfigError(
                 f"KV cache of {self.num_blocks} blocks x {self.block_size} tokens cannot hold one "

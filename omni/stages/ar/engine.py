@@ -7,6 +7,7 @@ thread. `step` returns what happened; it never sends anything.
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 from omni.kernel.errors import InvalidRequest
 from omni.stages.ar.attention import allocate_kv_cache
 from omni.stages.ar.config import EngineConfig
+from omni.stages.ar.cuda_graphs import DecodeGraphs
 from omni.stages.ar.model_api import ARModel
 from omni.stages.ar.runner import ModelRunner
 from omni.stages.ar.sampler import Sampler
@@ -23,6 +25,16 @@ from omni.stages.ar.sequence import FinishReason, SamplingParams, Sequence
 
 
 _gen_ids = itertools.count()
+log = logging.getLogger("omni.ar.engine")
+
+
+def decode_kernel(config: EngineConfig, kv_cache: torch.Tensor):
+    """The paged decode-attention kernel the config asks for, or None (torch SDPA)."""
+    if config.attention_backend != "triton":
+        return None
+    from omni.stages.ar.triton_attention import triton_decode_kernel
+
+    return triton_decode_kernel(kv_cache)
 
 
 @dataclass
@@ -49,11 +61,21 @@ class AREngine:
         for tap in config.tap_layers:
             if not 0 <= tap <= spec.num_layers:
                 raise InvalidRequest(f"tap layer {tap} outside [0, {spec.num_layers}]")
-        self.kv_cache = allocate_kv_cache(
-            spec.num_layers, config.num_blocks, config.block_size, spec.num_kv_heads, spec.head_dim, dtype, config.device
+        graphs = config.cuda_graphs and getattr(model, "supports_cuda_graphs", False)
+        if config.cuda_graphs and not graphs:
+            log.warning("%s does not support CUDA graphs: decode runs eagerly", type(model).__name__)
+        self.kv_cache = allocate_kv_cache(  # with graphs, one scratch block past the manager's for padding rows
+            spec.num_layers, config.num_blocks + int(graphs), config.block_size, spec.num_kv_heads, spec.head_dim,
+            dtype, config.device,
         )
         self.scheduler = Scheduler(config, ready=model.input_ready)
-        self.runner = ModelRunner(model, self.kv_cache, config.block_size, config.device)
+        kernel = decode_kernel(config, self.kv_cache)
+        runner_graphs = None
+        if graphs:
+            runner_graphs = DecodeGraphs(model, self.kv_cache, config.block_size, config.max_model_len,
+                                         config.cuda_graph_max_batch or config.max_num_seqs, config.num_blocks,
+                                         config.device, kernel)
+        self.runner = ModelRunner(model, self.kv_cache, config.block_size, config.device, runner_graphs, kernel)
         self.sampler = Sampler()
         self.seqs: dict[str, Sequence] = {}
         self.eos = frozenset(config.eos_token_ids)
@@ -168,6 +190,7 @@ class AREngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "num_steps": self.num_steps,
             "num_generated_tokens": self.num_generated,
+            **(self.runner.graphs.stats() if self.runner.graphs is not None else {}),
         }
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:

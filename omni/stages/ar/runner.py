@@ -2,12 +2,14 @@
 
 The only engine module that builds tensors for the model. Decode-only steps produce
 fixed-shape inputs ([B] ids and positions, [B, max_blocks] block tables) here and in
-`AttentionMetadata.build`, the hook point for CUDA-graph capture later.
+`AttentionMetadata.build`; with `graphs` (cuda_graphs.py) they are replayed from CUDA graphs.
 """
 
 from __future__ import annotations
 
 import torch
+
+from typing import Callable
 
 from omni.stages.ar.attention import AttentionMetadata
 from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput, SeqSpan
@@ -15,11 +17,14 @@ from omni.stages.ar.scheduler import ScheduledSeq
 
 
 class ModelRunner:
-    def __init__(self, model: ARModel, kv_cache: torch.Tensor, block_size: int, device) -> None:
+    def __init__(self, model: ARModel, kv_cache: torch.Tensor, block_size: int, device, graphs=None,
+                 decode_kernel: Callable | None = None) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = torch.device(device)
+        self.graphs = graphs  # DecodeGraphs or None
+        self.decode_kernel = decode_kernel
 
     def prepare(self, scheduled: list[ScheduledSeq], tap_layers: tuple[int, ...]) -> ForwardBatch:
         ids: list[int] = []
@@ -52,6 +57,7 @@ class ModelRunner:
             bs,
             self.device,
         )
+        attn.decode_kernel = self.decode_kernel
         return ForwardBatch(
             input_ids=input_ids,
             positions=torch.cat(positions, dim=-1).to(self.device),
@@ -64,6 +70,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> ForwardOutput:
+        if self.graphs is not None and self.graphs.can_run(batch):
+            out = self.graphs.run(batch)
+            if out is not None:
+                return out
         return self.model.forward(batch)
 
     @torch.inference_mode()

@@ -1,0 +1,217 @@
+"""CUDA graphs for the AR engine's decode steps.
+
+A decode-only step (one token per sequence) is replayed from a graph captured for its shape
+key: the batch padded up to a bucket (1, 2, 4, 8, then multiples of 8), the attention
+context padded up to a power-of-two number of blocks (the whole `max_model_len` when a
+paged decode kernel reads only the blocks it needs), the hidden-state taps, and the form of
+the inputs (embeddings or ids; rope position shape). Graphs are captured lazily, the first
+time a key is seen, into one shared memory pool. Prefill and mixed steps run eagerly.
+
+Fixed-shape inputs live in static buffers that each step fills before replay. Padding rows
+write their keys/values into a scratch block the engine allocates beyond the block manager's
+blocks (`num_blocks`), attend only to that slot, and are dropped from the outputs, so they
+never touch a real sequence's cache. The model's forward must be free of host syncs and must
+not read `batch.spans` in decode (models opt in with `supports_cuda_graphs = True`).
+
+On CPU (tests) the same padded, fixed-shape path runs eagerly without capture, so its
+bookkeeping is checked where no GPU is available. A capture that fails disables graphs for
+good, with a warning, and the engine goes on eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from omni.stages.ar.attention import AttentionMetadata
+from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput
+
+log = logging.getLogger("omni.ar.cuda_graphs")
+MIN_CTX_BLOCKS = 8
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    sizes = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(8, max_batch, 8))[1:]
+    return sorted(set(sizes) | {max_batch})
+
+
+def _bucket(n: int, sizes: list[int]) -> int:
+    return next(b for b in sizes if b >= n)
+
+
+@dataclass
+class _Static:
+    """One key's fixed-shape inputs, its batch view, and (after capture) its graph and outputs."""
+
+    batch: ForwardBatch
+    k_pos: torch.Tensor
+    graph: Any = None
+    out: ForwardOutput | None = None
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: ARModel,
+        kv_cache: torch.Tensor,
+        block_size: int,
+        max_model_len: int,
+        max_batch: int,
+        scratch_block: int,
+        device,
+        decode_kernel: Callable | None = None,
+    ) -> None:
+        self.model, self.kv_cache, self.block_size = model, kv_cache, block_size
+        self.device = torch.device(device)
+        self.capture = self.device.type == "cuda"
+        self.sizes = batch_buckets(max_batch)
+        self.max_batch = max_batch
+        self.max_blocks = -(-max_model_len // block_size)
+        self.scratch_block = scratch_block
+        self.decode_kernel = decode_kernel
+        self.statics: dict[tuple, _Static] = {}
+        self.pool = None
+        self.disabled: str | None = None
+        self.num_replays = 0
+        self.num_captures = 0
+        self._moved = False
+
+    # ---- public -----------------------------------------------------------------------
+    def can_run(self, batch: ForwardBatch) -> bool:
+        return (
+            self.disabled is None
+            and batch.is_decode
+            and batch.num_tokens == len(batch.spans)
+            and batch.num_tokens <= self.max_batch
+        )
+
+    def run(self, batch: ForwardBatch) -> ForwardOutput | None:
+        """The step's outputs (rows of the real batch only), or None to run it eagerly."""
+        n = batch.num_tokens
+        key = self._key(batch)
+        static = self.statics.get(key)
+        if static is None:
+            static = self._new_static(key, batch)
+            if self.capture and not self._capture(static):
+                return None
+            self.statics[key] = static
+        self._fill(static, batch)
+        if static.graph is not None:
+            static.graph.replay()
+            out = static.out
+        else:
+            out = self._body(static)
+        self.num_replays += 1
+        return ForwardOutput(out.hidden[:n], {t: v[:n] for t, v in out.taps.items()})
+
+    def stats(self) -> dict[str, Any]:
+        return {"graphs": sum(s.graph is not None for s in self.statics.values()), "shapes": len(self.statics),
+                "decode_graph_steps": self.num_replays, "graphs_disabled": self.disabled}
+
+    # ---- shapes -----------------------------------------------------------------------
+    def _ctx_blocks(self, batch: ForwardBatch) -> int:
+        if self.decode_kernel is not None:
+            return self.max_blocks  # the kernel reads only each sequence's own blocks
+        need = -(-batch.attn.max_seq_len // self.block_size)
+        blocks = MIN_CTX_BLOCKS
+        while blocks < need:
+            blocks *= 2
+        return min(blocks, self.max_blocks)
+
+    def _key(self, batch: ForwardBatch) -> tuple:
+        pos = batch.positions
+        return (_bucket(batch.num_tokens, self.sizes), self._ctx_blocks(batch), tuple(batch.tap_layers),
+                batch.inputs_embeds is not None, tuple(pos.shape[:-1]), pos.dtype)
+
+    def _new_static(self, key: tuple, like: ForwardBatch) -> _Static:
+        size, ctx_blocks, taps, embeds, pos_lead, pos_dtype = key
+        dev, bs = self.device, self.block_size
+        max_seq = ctx_blocks * bs
+        attn = AttentionMetadata(
+            slot_mapping=torch.full((size,), self.scratch_block * bs, dtype=torch.long, device=dev),
+            block_tables=torch.full((size, ctx_blocks), self.scratch_block, dtype=torch.long, device=dev),
+            seq_lens=torch.ones(size, dtype=torch.long, device=dev),
+            query_lens=[1] * size,
+            pad_rows=torch.arange(size, device=dev),
+            attn_mask=torch.zeros(size, 1, 1, max_seq, dtype=torch.bool, device=dev),
+            max_query_len=1,
+            max_seq_len=max_seq,
+            decode_kernel=self.decode_kernel,
+        )
+        inputs_embeds = None
+        if embeds:
+            inputs_embeds = torch.zeros(size, like.inputs_embeds.shape[-1], dtype=like.inputs_embeds.dtype, device=dev)
+        batch = ForwardBatch(
+            input_ids=torch.zeros(size, dtype=torch.long, device=dev),
+            positions=torch.zeros(*pos_lead, size, dtype=pos_dtype, device=dev),
+            inputs_embeds=inputs_embeds,
+            spans=[],
+            attn=attn,
+            kv_cache=self.kv_cache,
+            tap_layers=taps,
+        )
+        return _Static(batch, torch.arange(max_seq, device=dev))
+
+    def _fill(self, static: _Static, batch: ForwardBatch) -> None:
+        """Copy the step's inputs into the static buffers; padding rows point at the scratch slot."""
+        s, n, bs = static.batch, batch.num_tokens, self.block_size
+        a, src = s.attn, batch.attn
+        s.input_ids[:n].copy_(batch.input_ids)
+        s.input_ids[n:].zero_()
+        s.positions[..., :n].copy_(batch.positions)
+        s.positions[..., n:].zero_()
+        if s.inputs_embeds is not None:
+            s.inputs_embeds[:n].copy_(batch.inputs_embeds)
+            s.inputs_embeds[n:].zero_()
+        a.slot_mapping[:n].copy_(src.slot_mapping)
+        a.slot_mapping[n:].fill_(self.scratch_block * bs)
+        width = min(src.block_tables.shape[1], a.block_tables.shape[1])
+        a.block_tables[:n].zero_()
+        a.block_tables[:n, :width].copy_(src.block_tables[:, :width])
+        a.block_tables[n:].fill_(self.scratch_block)
+        a.seq_lens[:n].copy_(src.seq_lens)
+        a.seq_lens[n:].fill_(1)
+
+    # ---- capture ----------------------------------------------------------------------
+    def _body(self, static: _Static) -> ForwardOutput:
+        a = static.batch.attn
+        a.attn_mask.copy_((static.k_pos[None, :] < a.seq_lens[:, None])[:, None, None, :])
+        return self.model.forward(static.batch)
+
+    def _tensors_to_device(self) -> None:
+        """Plain tensor attributes (e.g. rotary `inv_freq` kept on the host) would be copied to
+        the GPU inside the graph on every call: move them once, before the first capture."""
+        if self._moved or not isinstance(self.model, torch.nn.Module):
+            return
+        for module in self.model.modules():
+            for name, value in list(vars(module).items()):
+                if isinstance(value, torch.Tensor) and value.device != self.device:
+                    setattr(module, name, value.to(self.device))
+        self._moved = True
+
+    def _capture(self, static: _Static) -> bool:
+        try:
+            self._tensors_to_device()
+            torch.cuda.synchronize(self.device)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up: lazy inits and workspaces, outside the graph
+                    self._body(static)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: other stages' threads (inline mode) may use the GPU meanwhile
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                static.out = self._body(static)
+            self.pool = graph.pool()
+            static.graph = graph
+            self.num_captures += 1
+            return True
+        except Exception as exc:  # a model that syncs the host, or a kernel that cannot be captured
+            self.disabled = f"{type(exc).__name__}: {exc}"
+            log.warning("CUDA-graph capture failed, decode runs eagerly from now on: %s", self.disabled)
+            torch.cuda.synchronize(self.device)
+            return False

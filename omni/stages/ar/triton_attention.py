@@ -1,0 +1,121 @@
+"""A Triton paged-attention decode kernel on the engine's KV layout
+`[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`.
+
+One program per (sequence, KV head) computes all query heads of its GQA group: it walks the
+sequence's block table up to `seq_lens[b]`, reading each block's keys/values once, with an
+online softmax in float32 (flash-decoding without the split: at decode the cost is the bytes
+read). It reads only the blocks a sequence owns, so a CUDA graph captured for the whole
+`max_model_len` costs no more than the context in use. No host syncs (graph-safe).
+
+Used by the engine when `attention_backend="triton"` for pure decode steps; prefill and mixed
+steps stay on torch SDPA. Where Triton or CUDA is missing, `triton_decode_kernel` returns None
+and the torch path runs (TRITON_INTERPRET=1 runs the kernel on CPU, for tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+log = logging.getLogger("omni.ar.triton")
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs
+    triton = None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _paged_decode(
+        q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, scale,
+        stride_qb, stride_qh, stride_blk, stride_slot, stride_kvh, stride_tb, stride_ob, stride_oh,
+        MAX_BLOCKS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, BLOCK_D)
+        s = tl.arange(0, BLOCK_SIZE)
+        g_ok = g < GROUP
+        d_ok = d < HEAD_DIM
+        heads = kvh * GROUP + g
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                    mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+        seq_len = tl.load(seq_lens_ptr + b)
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for j in range(0, MAX_BLOCKS):  # a fixed trip count; blocks past seq_len are skipped
+            if j * BLOCK_SIZE < seq_len:
+                block = tl.load(tables_ptr + b * stride_tb + j)
+                offs = block * stride_blk + s[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
+                k = tl.load(k_ptr + offs, mask=d_ok[None, :], other=0.0)
+                v = tl.load(v_ptr + offs, mask=d_ok[None, :], other=0.0)
+                if IEEE:
+                    scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+                else:
+                    scores = tl.dot(q, tl.trans(k))
+                scores = scores * scale
+                scores = tl.where((j * BLOCK_SIZE + s)[None, :] < seq_len, scores, float("-inf"))
+                m_new = tl.maximum(m, tl.max(scores, 1))
+                p = tl.exp(scores - m_new[:, None])
+                alpha = tl.exp(m - m_new)
+                l = l * alpha + tl.sum(p, 1)
+                if IEEE:
+                    pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + pv
+                m = m_new
+        out = acc / l[:, None]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+
+
+def _pow2(n: int, least: int = 16) -> int:
+    p = least
+    while p < n:
+        p *= 2
+    return p
+
+
+def paged_decode_attention(kv_cache: torch.Tensor, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
+                           seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [B, Hq, D] (one new token per sequence, its k/v already in the cache) -> [B, Hq, D]."""
+    _, _, _, block_size, hkv, dim = kv_cache.shape
+    batch, hq, _ = q.shape
+    group = hq // hkv
+    k_cache, v_cache = kv_cache[layer, 0], kv_cache[layer, 1]
+    q = q.to(kv_cache.dtype).contiguous()
+    out = torch.empty_like(q)
+    tables = block_tables if block_tables.is_contiguous() else block_tables.contiguous()
+    _paged_decode[(batch, hkv)](
+        q, k_cache, v_cache, out, tables, seq_lens, float(scale),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), tables.stride(0),
+        out.stride(0), out.stride(1),
+        MAX_BLOCKS=_pow2(tables.shape[1], 1), GROUP=group, BLOCK_G=_pow2(group), HEAD_DIM=dim, BLOCK_D=_pow2(dim), BLOCK_SIZE=block_size,
+        IEEE=kv_cache.dtype == torch.float32,
+    )
+    return out
+
+
+def triton_decode_kernel(kv_cache: torch.Tensor):
+    """`paged_decode_attention` when it can run on this cache, else None (with a warning)."""
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    why = None
+    if triton is None:
+        why = "triton is not installed"
+    elif not (kv_cache.is_cuda or interpret):
+        why = "the KV cache is not on a CUDA device"
+    elif kv_cache.shape[3] < 16 or kv_cache.shape[3] & (kv_cache.shape[3] - 1):
+        why = f"block_size {kv_cache.shape[3]} is not a power of two >= 16"
+    if why:
+        log.warning("attention_backend='triton' unavailable (%s): using torch attention", why)
+        return None
+    return paged_decode_attention
