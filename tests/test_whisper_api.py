@@ -168,3 +168,10 @@ def test_any_format_rate_and_channels(server, clips, alone, fmt, subtype, rate, 
     assert resp.status_code == 200, resp.text
     ref = " ".join(SHORT[0])
     assert wer([ref], [resp.json()["text"]]) <= wer([ref], [alone[0]]) + 0.1  # lossy codecs may flip a word or two
+
+
+def test_stages_as_processes_give_the_same_text(tiny_en, clips, alone):
+    """What `omnid serve` runs by default: each stage its own process, encoder outputs over shared memory."""
+    with WhisperServer(tiny_en, mode="process") as srv:
+        resp = srv.transcribe(wav_bytes(clips[0][2]))
+    assert resp.status_code == 200 and resp.json()["text"] == alone[2]

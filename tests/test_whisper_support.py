@@ -211,11 +211,13 @@ class WhisperServer:
     `beside_demo=True` serves the weightless demo as the main model and the Whisper beside it (the
     embedded default's layout)."""
 
-    def __init__(self, model_dir: Path, beside_demo: bool = False, max_audio_seconds: float = 600.0) -> None:
+    def __init__(self, model_dir: Path, beside_demo: bool = False, max_audio_seconds: float = 600.0,
+                 mode: str = "inline") -> None:
         import asyncio
         import threading
 
         self.model_dir, self.beside_demo, self.max_audio_seconds = model_dir, beside_demo, max_audio_seconds
+        self.mode = mode
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.kernels: list = []
@@ -238,7 +240,7 @@ class WhisperServer:
             models.insert(0, build_demo())
         served = []
         for graph, info in models:
-            kernel = Kernel(graph, mode="inline")
+            kernel = Kernel(graph, mode=self.mode)
             self.kernels.append(kernel)
             await kernel.start()
             served.append(ServedModel(kernel, info, [s.name for s in graph.stages]))
