@@ -175,7 +175,7 @@ def test_cuda_graph_path_equals_cpu_path_end_to_end(ckpt, exact_cuda):
         }.items():
             graph, _ = build(ckpt, threads=1, **options)
             with RunningKernel(loop, expose_codes(graph), mode="inline") as kernel:
-                results[name] = {k: kernel.one(params(m, "ethan", 12, 30)) for k, m in prompts().items()
+                results[name] = {k: kernel.one(params(m, "ethan", 12, 30, ignore_eos=True)) for k, m in prompts().items()
                                  if k in ("text", "audio")}
     finally:
         loop.close()
