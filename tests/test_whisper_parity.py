@@ -135,3 +135,23 @@ def test_preempted_windows_decode_the_same(random_dir):
     tight = run_stages(enc, dec, requests)
     assert dec.engine.scheduler.num_preemptions > 0
     assert {r: v["token_ids"] for r, v in tight.items()} == {r: v["token_ids"] for r, v in roomy.items()}
+
+
+def test_windows_beyond_max_num_seqs_wait_their_turn(random_dir):
+    clips = noise_clips(5, seconds=1.0)
+    requests = {f"r{i}": audio_params(pcm, language="en", sampling={"thinker": {"max_tokens": 8}})
+                for i, pcm in enumerate(clips)}
+    roomy = run_stages(*make_stages(random_dir), requests)
+    enc, dec = make_stages(random_dir, max_num_seqs=2)
+    peak, add = [0], dec.engine.add_request
+
+    def counting_add(*args, **kwargs):
+        seq = add(*args, **kwargs)
+        peak[0] = max(peak[0], len(dec.engine.seqs))
+        return seq
+
+    dec.engine.add_request = counting_add
+    tight = run_stages(enc, dec, requests)
+    assert peak[0] == 2
+    assert {r: v["token_ids"] for r, v in tight.items()} == {r: v["token_ids"] for r, v in roomy.items()}
+    assert dec.engine.stats()["running"] == 0 and not dec.requests

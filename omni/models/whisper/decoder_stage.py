@@ -5,6 +5,8 @@ as soon as its language is known (given, English-only model, or detected from wi
 constrained decoder step). Windows decode in parallel with every other request's (continuous
 batching); finished windows leave in order on `text` as {"text", "token_ids", "window",
 "language", "segments"?}, and the request ends with its usage once its last window is out.
+At most `max_num_seqs` windows are in the engine at once (each holds its cross-attention
+keys/values, ~8x its encoder output); the others wait as encoder outputs, oldest request first.
 
 Request params read: task ("transcribe" | "translate"), language (code, name or None),
 timestamps (bool: segments with times, as verbose_json / srt / vtt need), prompt (previous
@@ -74,7 +76,7 @@ class WhisperDecoderStage(Stage):
         dtype = getattr(torch, args.get("dtype", "float32"))
         model = WhisperDecoder.from_pretrained(model_dir, self.cfg, dtype, self.ctx.device)
         max_len = self.cfg.max_target_positions
-        max_seqs = int(args.get("max_num_seqs", args.get("max_batch", 32)))
+        max_seqs = self.max_seqs = int(args.get("max_num_seqs", args.get("max_batch", 32)))
         block = int(args.get("block_size", 16))
         # KV room for 256 tokens a window on average (most transcripts are far shorter; the engine
         # preempts when a batch of long ones runs out)
@@ -152,6 +154,8 @@ class WhisperDecoderStage(Stage):
             for i, window in sorted(req.windows.items()):
                 if i in req.submitted or window.tokens is not None:
                     continue
+                if len(self.engine.seqs) >= self.max_seqs:
+                    return  # admitted later (`_admit`): cross keys/values are ~8x an encoder output
                 self.engine.add_request(f"{rid}/{i}", prompt, params,
                                         inputs={"encoder_out": window.encoder_out, RULES: self._rules(req)})
                 window.encoder_out = None  # the engine holds its cross keys/values now
@@ -160,6 +164,14 @@ class WhisperDecoderStage(Stage):
         except InvalidRequest as exc:
             self.errors.append(Emit(rid, error=str(exc), error_kind=exc.kind))
             self.abort(rid)
+
+    def _admit(self) -> None:
+        """Hand waiting windows to the engine, oldest request first, while it has room."""
+        for rid, req in list(self.requests.items()):
+            if len(self.engine.seqs) >= self.max_seqs:
+                return
+            if any(i not in req.submitted for i in req.windows):
+                self._submit_ready(rid, req)
 
     # ---- stepping -----------------------------------------------------------------
     def step(self) -> list[Emit]:
@@ -181,6 +193,7 @@ class WhisperDecoderStage(Stage):
                 req.windows[int(part)].tokens = seq_tokens
                 req.completion_tokens += len(seq_tokens)
                 touched.add(rid)
+        self._admit()
         emits.extend(self.errors)
         self.errors = []
         for rid in touched:
