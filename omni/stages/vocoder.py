@@ -91,7 +91,10 @@ class VocoderStage(Stage):
 
     def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
         req = self.requests[rid]
-        codes = np.array(data["codes"], dtype=np.int64, copy=True)
+        codes = data["codes"]
+        if hasattr(codes, "detach"):  # a tensor (a CUDA one when the talker ran on the GPU in-process)
+            codes = codes.detach().cpu().numpy()
+        codes = np.array(codes, dtype=np.int64, copy=True)
         if codes.ndim == 1:
             codes = codes[None]
         if codes.ndim != 2 or codes.shape[1] != self.codec.num_groups:
