@@ -150,6 +150,8 @@ def test_whisper_beside_a_main_model(tiny_en, clips, alone):
         assert chat.status_code == 400 and "transcriptions" in chat.json()["error"]["message"]
         health = requests.get(f"{srv.url}/health", timeout=10).json()
         assert health["stages"][f"{srv.info.id}/decoder"] == "up"
+        metrics = requests.get(f"{srv.url}/metrics", timeout=10).text
+        assert f'stage="{srv.info.id}/decoder' in metrics and 'stage="generator' in metrics
 
 
 @pytest.mark.parametrize("fmt,subtype,rate,channels", [("FLAC", "PCM_16", 44100, 2), ("OGG", "VORBIS", 22050, 1),

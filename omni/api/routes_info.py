@@ -65,11 +65,13 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state = _state(request)
-    try:
-        stats = await state.kernel.stats()
-    except Exception as exc:  # metrics stay readable when the kernel is in trouble
-        log.warning("kernel.stats() failed: %s: %s", type(exc).__name__, exc)
-        stats = {}
+    stats = {}
+    for served in state.served():  # an extra model's stages are named "<model id>/<stage>"
+        prefix = "" if served.kernel is state.kernel else f"{served.info.id}/"
+        try:
+            stats.update({prefix + k: v for k, v in (await served.kernel.stats()).items()})
+        except Exception as exc:  # metrics stay readable when a kernel is in trouble
+            log.warning("kernel.stats() of %s failed: %s: %s", served.info.id, type(exc).__name__, exc)
     body = state.metrics.render(stats)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
