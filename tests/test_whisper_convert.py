@@ -180,12 +180,19 @@ def test_real_base_from_two_packages_matches_transformers(tmp_path):
     out = convert(sources, tmp_path / "base")
     pcm = speak("The juice of lemons makes fine punch.", tmp_path, "base")
     enc, dec = make_stages(out)
-    got = run_stages(enc, dec, {"r": audio_params(pcm, language="en", sampling={"thinker": {"max_tokens": 40}})})
+    sampling = {"thinker": {"max_tokens": 40}}
+    got = run_stages(enc, dec, {"r": audio_params(pcm, language="en", sampling=sampling),
+                                "detect": audio_params(pcm, sampling=sampling),
+                                "translate": audio_params(pcm, language="de", task="translate", sampling=sampling)})
     model = WhisperForConditionalGeneration.from_pretrained(out, dtype=torch.float32).eval()
     from omni.models.whisper.features import log_mel, pad_window
 
+    mel = log_mel(pad_window(pcm), 80)[None]
     with torch.inference_mode():
-        want = model.generate(log_mel(pad_window(pcm), 80)[None], max_new_tokens=40, language="en",
-                              task="transcribe")[0].tolist()
+        want = model.generate(mel, max_new_tokens=40, language="en", task="transcribe")[0].tolist()
+        detected = model.generate(mel, max_new_tokens=40, task="transcribe")[0].tolist()
+        translated = model.generate(mel, max_new_tokens=40, language="de", task="translate")[0].tolist()
     assert got["r"]["token_ids"] == [want]
+    assert got["detect"]["token_ids"] == [detected] and got["detect"]["events"][0]["language"] == "en"
+    assert got["translate"]["token_ids"] == [translated]
     assert "lemons" in got["r"]["text"].lower()
