@@ -1,6 +1,7 @@
 """Greedy tokens of omni's Whisper (encoder stage + decoder on the AR engine) equal transformers'
 `WhisperForConditionalGeneration.generate`: a tiny random multilingual checkpoint (language given and
-detected, with and without timestamps) and the real tiny.en weights on espeak-ng speech."""
+detected, with and without timestamps, including transformers' seek after an unfinished segment)
+and the real tiny.en weights on espeak-ng speech."""
 
 from __future__ import annotations
 
@@ -42,17 +43,6 @@ def noise_clips(n: int, seconds: float = 3.0) -> list[np.ndarray]:
     return [(0.1 * rng.standard_normal(int(seconds * 16000))).astype(np.float32) for _ in range(n)]
 
 
-def complete_part(tokens: list[int], timestamp_begin: int) -> int:
-    """How many leading tokens transformers keeps from one timestamped decoding pass: all of them
-    when it ends on a single timestamp (or has no closed segment); else up to the last pair of
-    consecutive timestamps (it then re-decodes from that time on; see omni/models/whisper/__init__.py)."""
-    is_ts = [t >= timestamp_begin for t in tokens]
-    pairs = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
-    if not pairs or is_ts[-2:] == [False, True]:
-        return len(tokens)
-    return pairs[-1] + 1
-
-
 @pytest.mark.parametrize("timestamps", [False, True])
 def test_random_checkpoint_tokens_equal_transformers(random_dir, timestamps):
     clips = noise_clips(3)
@@ -63,12 +53,9 @@ def test_random_checkpoint_tokens_equal_transformers(random_dir, timestamps):
     for i, pcm in enumerate(clips):
         want = hf_generate(random_dir, pcm, language="en", task="transcribe", return_timestamps=timestamps)
         assert len(set(want)) > 3, "degenerate reference: the test would prove little"
-        tokens = got[f"r{i}"]["token_ids"][0]
-        if not timestamps:
-            assert tokens == want
-            continue
-        keep = complete_part(tokens, dec.cfg.timestamp_begin)
-        assert keep >= 4 and tokens[:keep] == want[:keep]
+        assert got[f"r{i}"]["token_ids"] == [want]
+    if timestamps:  # these random decodings stop mid-segment: transformers seeks, and so must omni
+        assert dec.seek_encoder is not None
 
 
 def test_random_checkpoint_detects_language_like_transformers(random_dir):

@@ -5,6 +5,8 @@ as soon as its language is known (given, English-only model, or detected from wi
 constrained decoder step). Windows decode in parallel with every other request's (continuous
 batching); finished windows leave in order on `text` as {"text", "token_ids", "window",
 "language", "segments"?}, and the request ends with its usage once its last window is out.
+With timestamps, a pass that stops mid-segment is followed by another from its last timestamp
+(`seek`; the encoder for those passes is loaded here on first use).
 At most `max_num_seqs` windows are in the engine at once (each holds its cross-attention
 keys/values, ~8x its encoder output); the others wait as encoder outputs, oldest request first.
 
@@ -24,22 +26,33 @@ from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.models.whisper.config import WhisperConfig
 from omni.models.whisper.decoder import WhisperDecoder
+from omni.models.whisper.encoder_stage import WhisperBatchEncoder
+from omni.models.whisper.features import WINDOW_FRAMES
 from omni.models.whisper.logits import RULES, DecodeRules, WhisperSampler
+from omni.models.whisper.seek import cut, shifted_mel
 from omni.models.whisper.transcript import WhisperText, join_texts
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.engine import AREngine
 from omni.stages.ar.sequence import SamplingParams
 from omni.stages.threads import pin_torch_threads
 
-DETECT = "lang"  # engine rid suffix of a language-detection sequence
+DETECT = "lang"  # engine rid suffix of a language-detection sequence (windows: "<index>:<pass>")
+FRAMES_PER_SECOND = 100
 
 
 @dataclass
 class _Window:
-    encoder_out: torch.Tensor | None
+    encoder_out: torch.Tensor | None  # what the next pass attends to (None while one is in the engine)
     offset_s: float
     duration_s: float
-    tokens: list[int] | None = None  # set when decoded
+    mel: torch.Tensor | None = None  # kept for a timestamp seek
+    seek: int = 0  # log-mel frames of the window already decoded by earlier passes
+    passes: list[tuple[int, list[int]]] = field(default_factory=list)  # (seek, kept tokens) per pass
+    done: bool = False
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for _, kept in self.passes for t in kept]
 
 
 @dataclass
@@ -51,7 +64,7 @@ class _Request:
     sampling: SamplingParams
     windows: dict[int, _Window] = field(default_factory=dict)
     num_windows: int | None = None
-    submitted: set[int] = field(default_factory=set)
+    live: set[str] = field(default_factory=set)  # engine request ids of this request
     detecting: bool = False
     emitted: int = 0
     prompt_tokens: int = 0
@@ -65,6 +78,7 @@ class WhisperDecoderStage(Stage):
         self.requests: dict[str, _Request] = {}
         self.errors: list[Emit] = []
         self.outputs: dict[str, list[int]] = {}  # engine rid -> tokens so far
+        self.seek_encoder: WhisperBatchEncoder | None = None
         self.engine: AREngine | None = None
 
     def setup(self) -> None:
@@ -114,8 +128,9 @@ class WhisperDecoderStage(Stage):
             return
         index = int(data["window"])
         req.num_windows = int(data["windows"])
+        mel = data.get("mel")
         req.windows[index] = _Window(torch.as_tensor(data["encoder_out"]).clone(), float(data["offset_s"]),
-                                     float(data["duration_s"]))
+                                     float(data["duration_s"]), None if mel is None else torch.as_tensor(mel).clone())
         self._submit_ready(rid, req)
 
     def close_input(self, rid: str) -> None:
@@ -128,9 +143,9 @@ class WhisperDecoderStage(Stage):
         req = self.requests.pop(rid, None)
         if req is None or self.engine is None:
             return
-        for part in [*req.submitted, DETECT]:
-            self.engine.abort(f"{rid}/{part}")
-            self.outputs.pop(f"{rid}/{part}", None)
+        for engine_rid in req.live:
+            self.engine.abort(engine_rid)
+            self.outputs.pop(engine_rid, None)
 
     # ---- submission -----------------------------------------------------------------
     def _rules(self, req: _Request, allowed: tuple[int, ...] = ()) -> DecodeRules:
@@ -147,19 +162,21 @@ class WhisperDecoderStage(Stage):
                     self.engine.add_request(f"{rid}/{DETECT}", [self.cfg.sot], SamplingParams(temperature=0.0, max_tokens=1),
                                             inputs={"encoder_out": req.windows[0].encoder_out,
                                                     RULES: self._rules(req, langs)})
+                    req.live.add(f"{rid}/{DETECT}")
                 return
             prompt = self.text.prompt(req.language, req.task, req.timestamps, req.prompt_text)
             room = self.cfg.max_target_positions - len(prompt)
             params = SamplingParams(**{**req.sampling.__dict__, "max_tokens": max(1, min(req.sampling.max_tokens, room))})
             for i, window in sorted(req.windows.items()):
-                if i in req.submitted or window.tokens is not None:
-                    continue
+                if window.encoder_out is None:
+                    continue  # in the engine, or done
                 if len(self.engine.seqs) >= self.max_seqs:
                     return  # admitted later (`_admit`): cross keys/values are ~8x an encoder output
-                self.engine.add_request(f"{rid}/{i}", prompt, params,
+                engine_rid = f"{rid}/{i}:{len(window.passes)}"
+                self.engine.add_request(engine_rid, prompt, params,
                                         inputs={"encoder_out": window.encoder_out, RULES: self._rules(req)})
                 window.encoder_out = None  # the engine holds its cross keys/values now
-                req.submitted.add(i)
+                req.live.add(engine_rid)
                 req.prompt_tokens += len(prompt)
         except InvalidRequest as exc:
             self.errors.append(Emit(rid, error=str(exc), error_kind=exc.kind))
@@ -170,7 +187,7 @@ class WhisperDecoderStage(Stage):
         for rid, req in list(self.requests.items()):
             if len(self.engine.seqs) >= self.max_seqs:
                 return
-            if any(i not in req.submitted for i in req.windows):
+            if any(w.encoder_out is not None for w in req.windows.values()):
                 self._submit_ready(rid, req)
 
     # ---- stepping -----------------------------------------------------------------
@@ -186,11 +203,12 @@ class WhisperDecoderStage(Stage):
             req = self.requests.get(rid)
             if req is None:
                 continue
+            req.live.discard(out.rid)
             if part == DETECT:
                 req.language = seq_tokens[0] if seq_tokens else self.cfg.language_token("en")
                 self._submit_ready(rid, req)
             else:
-                req.windows[int(part)].tokens = seq_tokens
+                self._pass_done(req, req.windows[int(part.partition(":")[0])], seq_tokens)
                 req.completion_tokens += len(seq_tokens)
                 touched.add(rid)
         self._admit()
@@ -200,14 +218,28 @@ class WhisperDecoderStage(Stage):
             emits.extend(self._emit_done(rid))
         return emits
 
+    def _pass_done(self, req: _Request, window: _Window, tokens: list[int]) -> None:
+        """Keep a finished pass; with timestamps, seek and queue another pass when it stopped mid-segment."""
+        tokens = [t for t in tokens if t != self.cfg.eot]
+        keep, frames = cut(tokens, self.cfg.timestamp_begin) if req.timestamps else (len(tokens), None)
+        window.passes.append((window.seek, tokens[:keep]))
+        if frames is None or window.mel is None or window.seek + frames >= WINDOW_FRAMES:
+            window.done, window.mel = True, None
+            return
+        window.seek += frames
+        if self.seek_encoder is None:  # loaded on first use: most requests never seek
+            self.seek_encoder = WhisperBatchEncoder(self.ctx.args["model_dir"], self.ctx.device,
+                                                    self.ctx.args.get("dtype", "float32"))
+        window.encoder_out = self.seek_encoder.encode_mel(shifted_mel(window.mel, window.seek)[None])[0]
+
     def _emit_done(self, rid: str) -> list[Emit]:
         req = self.requests.get(rid)
         if req is None:
             return []
         emits = []
-        while req.emitted in req.windows and req.windows[req.emitted].tokens is not None:
+        while req.emitted in req.windows and req.windows[req.emitted].done:
             window = req.windows.pop(req.emitted)
-            tokens = [t for t in window.tokens if t != self.cfg.eot]
+            tokens = window.tokens
             text = self.text.decode(tokens)
             if req.texts:
                 text = join_texts([req.texts[-1], text])[len(req.texts[-1]):]
@@ -215,7 +247,8 @@ class WhisperDecoderStage(Stage):
             data: dict[str, Any] = {"text": text, "token_ids": tokens, "window": req.emitted,
                                     "language": self._language_code(req.language)}
             if req.timestamps:
-                data["segments"] = [s.as_dict() for s in self.text.segments(tokens, window.offset_s, window.duration_s)]
+                data["segments"] = [s.as_dict() for seek, kept in window.passes for s in self.text.segments(
+                    kept, window.offset_s + seek / FRAMES_PER_SECOND, max(0.0, window.duration_s - seek / FRAMES_PER_SECOND))]
             emits.append(Emit(rid, "text", data))
             req.emitted += 1
         if req.num_windows is not None and req.emitted >= req.num_windows:
@@ -236,7 +269,7 @@ class WhisperDecoderStage(Stage):
         return bool(self.errors) or (self.engine is not None and self.engine.has_work())
 
     def backlog(self) -> int:
-        return sum(1 for r in self.requests.values() for i in r.windows if i not in r.submitted)
+        return sum(1 for r in self.requests.values() for w in r.windows.values() if w.encoder_out is not None)
 
     def stats(self) -> dict[str, Any]:
         stats = self.engine.stats() if self.engine else {}

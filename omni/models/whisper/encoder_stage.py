@@ -3,7 +3,8 @@
 `open` checks the request's audio (typed 4xx errors for empty, non-finite, silent or over-long
 input), resamples it to 16 kHz if needed and splits it into <= 30 s windows; the base
 `EncoderStage` batches windows of many requests into one forward. Each window leaves as one
-chunk on `windows`: {"encoder_out": [frames, d_model], "window", "windows", "offset_s", "duration_s"}.
+chunk on `windows`: {"encoder_out": [frames, d_model], "window", "windows", "offset_s", "duration_s"}
+and, for a request with timestamps, its "mel" [n_mels, 3000] (the decoder may seek within it).
 
 args: model_dir, dtype ("float32" default; "float16"/"bfloat16" on GPU), max_audio_s (600),
 silence_peak (1e-4: a clip whose loudest sample is below this is refused as silent).
@@ -77,11 +78,21 @@ class WhisperBatchEncoder:
 
     @torch.inference_mode()
     def encode(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Items with `keep_mel` also return their log-mel (the decoder's timestamp seek needs it)."""
         windows = np.stack([pad_window(item["audio"]) for item in items])
-        mel = log_mel(windows, self.cfg.num_mel_bins, self.device).to(self.dtype)
-        hidden = self.model(mel).float().cpu()
-        return [{"encoder_out": hidden[i].clone(), **{k: v for k, v in item.items() if k != "audio"}}
-                for i, item in enumerate(items)]
+        mel = log_mel(windows, self.cfg.num_mel_bins, self.device)
+        hidden = self.encode_mel(mel)
+        out = []
+        for i, item in enumerate(items):
+            extra = {"mel": mel[i].cpu().clone()} if item.get("keep_mel") else {}
+            out.append({"encoder_out": hidden[i].clone(), **extra,
+                        **{k: v for k, v in item.items() if k not in ("audio", "keep_mel")}})
+        return out
+
+    @torch.inference_mode()
+    def encode_mel(self, mel: torch.Tensor) -> torch.Tensor:
+        """[B, n_mels, 3000] float32 log-mel -> [B, frames, d_model] float32 on the CPU."""
+        return self.model(mel.to(self.device, self.dtype)).float().cpu()
 
 
 class WhisperEncoderStage(EncoderStage):
@@ -100,4 +111,5 @@ class WhisperEncoderStage(EncoderStage):
         windows = split_windows(pcm)
         for w in windows:
             self.feed(rid, "audio", {"audio": pcm[w.start:w.end], "window": w.index, "windows": len(windows),
-                                     "offset_s": w.offset_s, "duration_s": w.duration_s})
+                                     "offset_s": w.offset_s, "duration_s": w.duration_s,
+                                     "keep_mel": bool(params.get("timestamps"))})
