@@ -176,4 +176,6 @@ def test_stages_as_processes_give_the_same_text(tiny_en, clips, alone):
     """What `omnid serve` runs by default: each stage its own process, encoder outputs over shared memory."""
     with WhisperServer(tiny_en, mode="process") as srv:
         resp = srv.transcribe(wav_bytes(clips[0][2]))
+        timed = srv.transcribe(wav_bytes(clips[0][2]), response_format="verbose_json")
     assert resp.status_code == 200 and resp.json()["text"] == alone[2]
+    assert timed.status_code == 200 and timed.json()["segments"][0]["end"] > 0.0

