@@ -15,19 +15,7 @@ from torch import nn
 
 from omni.models.qwen3_omni.moe_routed import routed_experts
 from omni.models.qwen3_omni.weights import CheckpointError
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+from omni.models.qwen3_omni.thinker_layers import Experts, RMSNorm, Router  # shared with the thinker
 
 
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -83,21 +71,6 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class Router(nn.Module):
-    def __init__(self, hidden: int, num_experts: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
-
-
-class Experts(nn.Module):
-    """Routed experts stored fused, as transformers holds them: gate_up [E, 2I, H], down [E, H, I]."""
-
-    def __init__(self, num_experts: int, hidden: int, inner: int) -> None:
-        super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.zeros(num_experts, 2 * inner, hidden))
-        self.down_proj = nn.Parameter(torch.zeros(num_experts, hidden, inner))
 
 
 class SharedExpertMoE(nn.Module):
