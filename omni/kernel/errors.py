@@ -57,6 +57,13 @@ class KernelClosed(OmniError):
     kind = "closed"
 
 
+class BackendUnavailable(OmniError):
+    """An optional engine a stage asked for (e.g. `backend="sglang"`) cannot be imported here;
+    the message says what is missing, the version found and how to install it."""
+
+    kind = "backend_unavailable"
+
+
 _BY_KIND = {
     cls.kind: cls
     for cls in (
@@ -69,6 +76,7 @@ _BY_KIND = {
         StageFailed,
         StageDown,
         KernelClosed,
+        BackendUnavailable,
     )
 }
 

@@ -13,7 +13,9 @@ no inbound edge is submitted at `open`). Each `step` emits, per request:
 
 Model families subclass it and override `build_model` (and, if they need to, `submit`).
 
-Engine settings come from `ctx.args` (see `EngineConfig`); sampling from the request's
+Engine settings come from `ctx.args` (see `EngineConfig`); `args["backend"]` picks the engine:
+"builtin" (default, `AREngine`) or "sglang" (`omni.stages.ar.sglang_backend`, a design not yet run;
+where sglang is not importable, set-up fails with `BackendUnavailable`). Sampling from the request's
 params: `params["sampling"][sampling_key]` when the stage sets `sampling_key` (the API's
 convention: "thinker", "talker"), else top-level keys (prefixed with `param_prefix`).
 """
@@ -26,13 +28,15 @@ from typing import Any
 
 import torch
 
-from omni.kernel.errors import InvalidRequest
+from omni.kernel.errors import GraphError, InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.engine import AREngine, StepOutput
 from omni.stages.ar.model_api import ARModel
 from omni.stages.ar.sequence import SamplingParams
 from omni.stages.threads import pin_torch_threads
+
+BACKENDS = ("builtin", "sglang")
 
 
 @dataclass
@@ -83,6 +87,14 @@ class ARStage(Stage):
 
     def setup(self) -> None:
         pin_torch_threads(self.ctx.args)
+        backend = self.ctx.args.get("backend", "builtin")
+        if backend not in BACKENDS:
+            raise GraphError(f"stage {self.ctx.name!r}: args.backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "sglang":
+            from omni.stages.ar.sglang_backend import sglang_engine_for
+
+            self.engine = sglang_engine_for(self.ctx.args, self.engine_config())
+            return
         self.engine = AREngine(self.build_model(), self.engine_config())
 
     # ---- requests -------------------------------------------------------------------
@@ -191,7 +203,10 @@ class ARStage(Stage):
         return bool(self._errors) or (self.engine is not None and self.engine.has_work())
 
     def backlog(self) -> int:
-        return len(self._pending) + (len(self.engine.scheduler.waiting) if self.engine else 0)
+        if self.engine is None:
+            return len(self._pending)
+        waiting = self.engine.num_waiting() if hasattr(self.engine, "num_waiting") else len(self.engine.scheduler.waiting)
+        return len(self._pending) + waiting
 
     def stats(self) -> dict[str, Any]:
         return self.engine.stats() if self.engine else {}
