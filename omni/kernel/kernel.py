@@ -136,7 +136,10 @@ class Kernel:
         for handle in self._handles.values():
             if handle.alive():
                 self._send(handle.name, m.ActorShutdown("kernel stop"))
-        await asyncio.gather(*(self._launcher.stop(h, 5.0) for h in self._handles.values()))
+        # Running actors get time to shut down cleanly; ones still starting (whose mailbox is not
+        # open yet) are terminated at once, so a failed start does not wait for slow siblings.
+        await asyncio.gather(*(self._launcher.stop(h, 5.0 if h.state is ActorState.UP else 0.1)
+                               for h in self._handles.values()))
         for handle in self._handles.values():
             if handle.process is not None:
                 cleanup_dead_process(self._channels_in_use(), handle.pid)
