@@ -25,6 +25,7 @@ import soundfile as sf
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import StageContext
 from test_plugins import ROOT, OmnidProcess, pip_install
+from test_whisper_support import SENTENCES
 
 
 def ensure_installed() -> None:
@@ -47,20 +48,7 @@ from omni_piper.stages import ResampleStage, SentenceStage, SynthStage  # noqa: 
 from omni_piper.text import normalize, split_sentences  # noqa: E402
 
 MODEL = "piper-en_US-joe-medium"
-HARVARD = [  # Harvard sentences, lists 1 and 2 (IEEE 1969)
-    "The birch canoe slid on the smooth planks.",
-    "Glue the sheet to the dark blue background.",
-    "It's easy to tell the depth of a well.",
-    "These days a chicken leg is a rare dish.",
-    "Rice is often served in round bowls.",
-    "The juice of lemons makes fine punch.",
-    "The box was thrown beside the parked truck.",
-    "The hogs were fed chopped corn and garbage.",
-    "Four hours of steady work faced us.",
-    "A large size in stockings is hard to sell.",
-    "The boy was there when the sun rose.",
-    "A rod is used to catch pink salmon.",
-]
+HARVARD = SENTENCES[:12]  # Harvard sentences, lists 1 and 2 (IEEE 1969)
 
 
 # ---- text ------------------------------------------------------------------------------
