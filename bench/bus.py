@@ -177,6 +177,9 @@ def main() -> None:
         print(f"[bus] {name} ...", file=sys.stderr, flush=True)
         rows[name] = summary(fn())
         print(f"[bus] {name}: {rows[name]}", file=sys.stderr, flush=True)
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)  # the ping-pong sockets
     raw = rows["raw_zmq"]["p50_us"]
     for row in rows.values():
         row["p50_vs_raw"] = round(row["p50_us"] / raw, 2)
