@@ -21,7 +21,6 @@ Run:  python bench/hf_baseline.py --model DIR            (a Qwen3-Omni checkpoin
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from serve import PROMPT_SETS  # noqa: E402
-from serve_report import level_summary, machine, markdown, now_iso, plot, say  # noqa: E402
+from serve_report import level_summary, machine, now_iso, say, write_report  # noqa: E402
 
 
 class _Clock:
@@ -186,15 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "service_rows": service,
         "levels": levels,
     }
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    if args.md:
-        Path(args.md).write_text(markdown(report))
-    if args.plot:
-        plot([report], args.plot)
-    print(markdown(report))
-    return report
+    return write_report(report, args.out, args.md, args.plot)
 
 
 if __name__ == "__main__":

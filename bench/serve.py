@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_report import level_summary, machine, markdown, now_iso, plot, say  # noqa: E402
+from serve_report import level_summary, machine, now_iso, say, write_report  # noqa: E402
 
 PROMPT_SETS: dict[str, list[str]] = {
     "short": [
@@ -246,15 +246,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                    "requests_per_level": args.requests},
         "levels": asyncio.run(sweep(wl, levels, args.requests, args.warmup, args.rows)),
     }
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    if args.md:
-        Path(args.md).write_text(markdown(report))
-    if args.plot:
-        plot([report], args.plot)
-    print(markdown(report))
-    return report
+    return write_report(report, args.out, args.md, args.plot)
 
 
 if __name__ == "__main__":

@@ -167,3 +167,19 @@ def plot(reports: list[dict[str, Any]], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def write_report(report: dict[str, Any], out: str | None, md: str | None, plot_path: str | None) -> dict[str, Any]:
+    """Write the JSON / markdown / PNG a run asked for, and print the markdown."""
+    import json
+    from pathlib import Path
+
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    if md:
+        Path(md).write_text(markdown(report))
+    if plot_path:
+        plot([report], plot_path)
+    print(markdown(report))
+    return report

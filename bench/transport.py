@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from omni.kernel.channels import ChannelFull  # noqa: E402
-from omni.kernel.messages import PayloadDesc, RequestChunk, decode, encode  # noqa: E402
+from omni.kernel.messages import RequestChunk, decode, encode  # noqa: E402
 from omni.transport.shm import ShmChannel, unlink_prefix  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20

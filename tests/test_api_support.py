@@ -4,21 +4,20 @@ background thread with its own event loop, so the official synchronous `openai` 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
-import threading
 from typing import Any
 
 import numpy as np
 
+from background_loop import BackgroundLoop
 from omni.api.app import STATE, ServerConfig, build_app
 from omni.api.server import HttpServer
 from omni.kernel.kernel import Kernel
 from omni.stages.demo import build_demo
 
 
-class LiveServer:
+class LiveServer(BackgroundLoop):
     """`with LiveServer(...) as srv:` -> srv.url, srv.kernel, srv.run(coro) on the server's loop."""
 
     def __init__(self, mode: str = "inline", max_inflight: int = 64, config: ServerConfig | None = None,
@@ -29,12 +28,8 @@ class LiveServer:
         self.stage_args = stage_args or {}
         self.info_changes = info_changes or {}
         self.extra_configs = list(extra_configs)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.servers: list[HttpServer] = []
-
-    def run(self, coro, timeout: float = 60.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        super().__init__()
 
     async def _start(self) -> None:
         graph, info = build_demo()
@@ -61,18 +56,6 @@ class LiveServer:
     def state(self, index: int = 0):
         return self.servers[index].app[STATE]
 
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        self.run(self._start())
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            self.run(self._stop())
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(10)
-            self.loop.close()
 
 
 def wav_bytes(seconds: float = 0.5, rate: int = 24000, fmt: str = "WAV") -> bytes:

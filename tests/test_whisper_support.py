@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from background_loop import BackgroundLoop
+
 # Harvard sentences (IEEE 1969 "Recommended Practice for Speech Quality Measurements", lists 1-3)
 SENTENCES = [
     "The birch canoe slid on the smooth planks.",
@@ -205,27 +207,20 @@ def run_stages(enc, dec, requests: dict[str, dict[str, Any]], max_steps: int = 5
 
 # ---- a live omnid app serving a Whisper ---------------------------------------------------------
 
-class WhisperServer:
+class WhisperServer(BackgroundLoop):
     """`with WhisperServer(model_dir) as srv:` the omnid app on a free loopback port, in a thread.
 
     `beside_demo=True` serves the weightless demo as the main model and the Whisper beside it (the
     embedded default's layout)."""
 
+    run_timeout = 120.0  # a Whisper start converts and loads weights
+
     def __init__(self, model_dir: Path, beside_demo: bool = False, max_audio_seconds: float = 600.0,
                  mode: str = "inline") -> None:
-        import asyncio
-        import threading
-
         self.model_dir, self.beside_demo, self.max_audio_seconds = model_dir, beside_demo, max_audio_seconds
         self.mode = mode
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.kernels: list = []
-
-    def run(self, coro, timeout: float = 120.0):
-        import asyncio
-
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        super().__init__()
 
     async def _start(self) -> None:
         from omni.api.app import ServedModel, ServerConfig, build_app
@@ -266,15 +261,3 @@ class WhisperServer:
         return requests.post(f"{self.url}/v1/audio/transcriptions", data=data,
                              files={"file": ("audio.wav", audio, "audio/wav")}, timeout=300)
 
-    def __enter__(self) -> "WhisperServer":
-        self.thread.start()
-        self.run(self._start())
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            self.run(self._stop())
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(10)
-            self.loop.close()
