@@ -34,15 +34,30 @@ class _Layer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list[torch.Tensor]) -> torch.Tensor:
         """`x` [B, T, H]; `cache` is [k, v] ([B, kv_heads, past, hd]) or empty, extended in place."""
-        attn = self.self_attn
-        q, k, v = attn.qkv(self.input_layernorm(x), cos, sin)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k, v = self._qkv(x, cos, sin)
         if cache:
             k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
         cache[:] = [k, v]
-        t = q.shape[2]
+        return self._attend_mlp(x, q, k, v)
+
+    def forward_static(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+                       values: torch.Tensor, start: int) -> torch.Tensor:
+        """`forward` over a preallocated cache ([B, kv_heads, max_len, hd]): writes positions
+        [start, start + T) in place and attends to [0, start + T) (the graph path's layer)."""
+        q, k, v = self._qkv(x, cos, sin)
+        end = start + q.shape[2]
+        keys[:, :, start:end].copy_(k)
+        values[:, :, start:end].copy_(v)
+        return self._attend_mlp(x, q, keys[:, :, :end], values[:, :, :end])
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k, v = self.self_attn.qkv(self.input_layernorm(x), cos, sin)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _attend_mlp(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        attn = self.self_attn
         out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=t > 1, enable_gqa=attn.heads != attn.kv_heads, scale=attn.head_dim**-0.5
+            q, k, v, is_causal=q.shape[2] > 1, enable_gqa=attn.heads != attn.kv_heads, scale=attn.head_dim**-0.5
         )
         x = x + attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -26,6 +26,7 @@ from torch import nn
 
 from omni.kernel.errors import InvalidRequest
 from omni.models.qwen3_omni.code_predictor import CodePredictor, sample_codes
+from omni.models.qwen3_omni.code_predictor_graphs import CodePredictorGraphs
 from omni.models.qwen3_omni.config import DecoderConfig, Qwen3OmniConfig, load_config
 from omni.models.qwen3_omni.rope import DEFAULT_MROPE_SECTION, mrope_cos_sin
 from omni.models.qwen3_omni.talker_inputs import TalkerInputs, TalkerParts, TalkerTokenIds
@@ -110,6 +111,7 @@ class TalkerModel(nn.Module, ARModel):
         if self.placeholder_id not in self.suppress_token_ids:
             self.placeholder_id = self.suppress_token_ids[-1]
         self.max_model_len: int | None = None  # set by the stage: the engine's length limit
+        self.predictor_graphs: CodePredictorGraphs | None = None  # see use_predictor_graphs
         self.requires_grad_(False)
 
     # ---- loading ----------------------------------------------------------------------
@@ -235,17 +237,33 @@ class TalkerModel(nn.Module, ARModel):
         code0 = torch.tensor([token_ids[i] for i in rows], device=hidden.device)
         code0_embed = self.model.codec_embedding(code0)
         reqs: list[TalkerRequest] = [seqs[i].model_state["talker"] for i in rows]
-        greedy = [r.greedy for r in reqs]
-        generators = [r.generator for r in reqs]
-        codes, embeds = self.code_predictor.predict(
-            hidden[idx].to(code0_embed.dtype), code0_embed, lambda logits, g: sample_codes(logits, generators, greedy)
-        )
+        codes, embeds = self._predict_codes(hidden[idx].to(code0_embed.dtype), code0_embed, reqs)
         frames = torch.cat((code0_embed[:, None], embeds), dim=1).sum(1)
         all_codes = torch.cat((code0[:, None], codes), dim=1).cpu()
         for j, i in enumerate(rows):
             reqs[j].frame_embeds.append(frames[j])
             extras[i] = {"codes": all_codes[j]}
         return extras
+
+    def use_predictor_graphs(self, max_batch: int) -> None:
+        """Greedy frames run the code predictor from one CUDA graph per batch bucket (the static
+        path runs eagerly on CPU). Called by the stage when its engine has `cuda_graphs` on."""
+        device = self.codec_head.weight.device
+        self.predictor_graphs = CodePredictorGraphs(self.code_predictor, max_batch, device)
+
+    def _predict_codes(self, past_hidden: torch.Tensor, code0_embed: torch.Tensor,
+                       reqs: list[TalkerRequest]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Groups 1..G-1: from the graphs when every row is greedy, else eagerly (seeded draws)."""
+        graphs = self.predictor_graphs
+        greedy = [r.greedy for r in reqs]
+        if graphs is not None and all(greedy):
+            out = graphs.run(past_hidden, code0_embed)
+            if out is not None:
+                return out
+        generators = [r.generator for r in reqs]
+        return self.code_predictor.predict(
+            past_hidden, code0_embed, lambda logits, g: sample_codes(logits, generators, greedy)
+        )
 
     def _goes_on(self, seq, token: int) -> bool:
         """False when `token` ends the sequence (no frame is computed for it then)."""
