@@ -1,27 +1,58 @@
 """Routed-expert MLP without host syncs, for CUDA (and so for CUDA graphs).
 
 The CPU paths of the thinker and talker loop over the experts a batch hit (`unique().tolist()`,
-a host sync per layer) or size their groups with `bincount` (a sync on CUDA). Here:
-- bf16 on SM80+: token-expert pairs sorted by expert, group offsets from a scatter-add count,
-  one grouped GEMM per projection (torch's `grouped_mm`);
-- otherwise (float32 or older GPUs; meant for small models): each token-expert pair gathers its
-  expert's matrices and runs one batched matmul.
-Both return sum_k weight_k * expert_k(x) per token, like the loops they replace.
+a host sync per layer) or size their groups with `bincount` (a sync on CUDA). Here, by backend:
+- "triton" (default for bf16/fp16 SwiGLU on CUDA when triton imports): the fused kernels of
+  `moe_triton`, which read only the chosen experts' weights;
+- "grouped" (bf16 on SM80+): token-expert pairs sorted by expert, group offsets from a
+  scatter-add count, one grouped GEMM per projection (torch's `grouped_mm`);
+- "bmm" (anything else; meant for small models): each token-expert pair gathers its expert's
+  matrices and runs one batched matmul.
+All return sum_k weight_k * expert_k(x) per token, like the loops they replace.
+`OMNI_MOE_BACKEND=triton|grouped|bmm` (or the `backend` argument) forces one, for A/B runs.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from omni.models.qwen3_omni import moe_triton
+
 _GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+BACKENDS = ("triton", "grouped", "bmm")
+
+
+class MoeBackendError(ValueError):
+    """An unknown backend name, or one that cannot run these tensors."""
 
 
 def grouped_ok(x: torch.Tensor) -> bool:
     return (_GROUPED_MM is not None and x.is_cuda and x.dtype == torch.bfloat16
             and torch.cuda.get_device_capability(x.device) >= (8, 0))
+
+
+def triton_ok(x: torch.Tensor, act: Callable, forced: bool = False) -> bool:
+    """The fused kernels hard-code SiLU; on CPU they run only in triton's interpreter (tests)."""
+    if moe_triton.triton is None or act is not F.silu:
+        return False
+    if forced:
+        return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+
+
+def choose_backend(x: torch.Tensor, act: Callable, backend: str | None = None) -> str:
+    wanted = backend or os.environ.get("OMNI_MOE_BACKEND") or None
+    if wanted is None:
+        return "triton" if triton_ok(x, act) else "grouped" if grouped_ok(x) else "bmm"
+    if wanted not in BACKENDS:
+        raise MoeBackendError(f"unknown MoE backend {wanted!r}; expected one of {BACKENDS}")
+    if (wanted == "triton" and not triton_ok(x, act, forced=True)) or (wanted == "grouped" and not grouped_ok(x)):
+        raise MoeBackendError(f"MoE backend {wanted!r} cannot run {x.dtype} on {x.device}")
+    return wanted
 
 
 def routed_experts(
@@ -31,11 +62,15 @@ def routed_experts(
     gate_up: torch.Tensor,
     down: torch.Tensor,
     act: Callable[[torch.Tensor], torch.Tensor],
+    backend: str | None = None,
 ) -> torch.Tensor:
     """`x` [T, H]; `weights`, `chosen` [T, k]; `gate_up` [E, 2I, H]; `down` [E, H, I] -> [T, H]."""
+    which = choose_backend(x, act, backend)
+    if which == "triton":
+        return moe_triton.fused_routed_experts(x, weights, chosen, gate_up, down)
     top_k = chosen.shape[1]
     flat = chosen.reshape(-1)
-    if grouped_ok(x):
+    if which == "grouped":
         order = torch.argsort(flat, stable=True)
         counts = torch.zeros(gate_up.shape[0], dtype=torch.int32, device=x.device)
         counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
