@@ -9,6 +9,11 @@ Version: omni is tested with sglang `TESTED_VERSION` (0.5.17, the release that p
 image's torch 2.11; the `sglang` extra in pyproject.toml pins it). Another version imports with a
 warning: internals omni touches may have moved.
 
+Model classes: `omni.vendor.sglang_models` holds classes omni adds to SGLang's model registry
+(SGLang imports them in its own processes when `SGLANG_EXTERNAL_MODEL_PACKAGE` names the package):
+`OmniQwen3MoeTaps` returns chosen layers' hidden states (the talker's taps); `taps_server_args`
+turns it on for an engine.
+
 Patches: `PATCHES` lists the changes omni makes to SGLang at import, each a `Patch` record saying
 what it fixes, the versions it applies to and when it can be deleted. `require` applies them once,
 right after the first successful import; `applied()` says which ran. None is needed yet: add one
@@ -19,10 +24,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
 import logging
+import os
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable
+from typing import Any, Callable
 
 from omni.kernel.errors import BackendUnavailable
 
@@ -121,3 +128,26 @@ def reset_for_tests() -> None:
     """Forget the probe so a test can re-run it (patches already applied are not undone)."""
     for key in ("module", "error"):
         _state.pop(key, None)
+
+
+TAPS_MODEL_PACKAGE = "omni.vendor.sglang_models"
+TAPS_ARCHITECTURE = "OmniQwen3MoeTaps"
+TAP_LAYERS_ENV = "OMNI_SGLANG_TAP_LAYERS"
+
+
+def taps_server_args(tap_layers) -> dict[str, Any]:
+    """`sglang.Engine` arguments (and environment, inherited by SGLang's processes) that serve a
+    Qwen3-MoE checkpoint with `OmniQwen3MoeTaps`: each returned hidden-state row is the
+    concatenation of the residual stream entering `tap_layers` (ascending)."""
+    os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = TAPS_MODEL_PACKAGE
+    os.environ[TAP_LAYERS_ENV] = ",".join(str(t) for t in sorted(tap_layers))
+    return {"json_model_override_args": json.dumps({"architectures": [TAPS_ARCHITECTURE]}),
+            "enable_return_hidden_states": True}
+
+
+async def pool_usage(engine) -> dict[str, int]:
+    """Requests and KV tokens in use in an `sglang.Engine`'s scheduler (its load snapshot)."""
+    loads = await engine.tokenizer_manager.get_loads()
+    snap = loads[0]
+    return {"running": int(snap.num_running_reqs), "waiting": int(snap.num_waiting_reqs),
+            "used_tokens": int(snap.num_used_tokens), "capacity": int(snap.max_total_num_tokens)}

@@ -102,3 +102,21 @@ def export_thinker_text(model_dir: str | Path, out_dir: str | Path, weights: boo
     config = qwen3_moe_config(text, cfg.im_end_token_id, dtype_name)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
+
+
+def cached_export(model_dir: str | Path, weights: bool = True, root: str | Path | None = None) -> Path:
+    """`export_thinker_text` into a cache directory (default ~/.cache/omni/sglang-text), reused while
+    the source checkpoint's config.json is unchanged (the export of real weights takes minutes)."""
+    import hashlib
+    import os
+
+    src = Path(model_dir).resolve()
+    stamp = f"{src}|{(src / 'config.json').stat().st_mtime_ns}|weights={weights}"
+    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "omni" / "sglang-text"
+    out = base / hashlib.sha1(stamp.encode()).hexdigest()[:16]
+    marker = out / ".omni-export"
+    if marker.exists() and marker.read_text() == stamp:
+        return out
+    export_thinker_text(src, out, weights=weights)
+    marker.write_text(stamp)
+    return out

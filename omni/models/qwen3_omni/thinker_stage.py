@@ -1,4 +1,6 @@
-"""`ThinkerStage`: the Qwen3-Omni thinker as a stage on the built-in AR engine.
+"""`ThinkerStage`: the Qwen3-Omni thinker as a stage on the built-in AR engine, or with
+`backend="sglang"` on SGLang's (text prompts: the thinker's text model is exported once as a
+Qwen3-MoE checkpoint, see export_text.py).
 
 args: `model_dir` (a Qwen3-Omni checkpoint) or, in-process, `model` (a built
 `Qwen3OmniThinker`); `dtype` ("float32", "bfloat16", ...); any `EngineConfig` field.
@@ -46,6 +48,16 @@ class ThinkerStage(ARStage):
         super().setup()
         if self.ctx.args.get("model_dir"):
             self.tokenizer = load_tokenizer(self.ctx.args["model_dir"])
+
+    def sglang_model_path(self) -> str:
+        """SGLang serves the thinker's text model, exported once as a Qwen3-MoE checkpoint."""
+        args = self.ctx.args
+        if args.get("sglang_model_path") or not args.get("model_dir"):
+            return super().sglang_model_path()
+        from omni.models.qwen3_omni.export_text import cached_export
+        from omni.models.qwen3_omni.random_load import is_random
+
+        return str(cached_export(args["model_dir"], weights=not is_random(args), root=args.get("sglang_export_dir")))
 
     def build_model(self) -> Qwen3OmniThinker:
         args = self.ctx.args

@@ -50,6 +50,7 @@ class StepOutput:
     finished: bool = False
     finish_reason: str | None = None
     extra: dict[str, Any] | None = None  # from ARModel.after_sample
+    error: str | None = None  # the engine failed this request (an SGLang-side error); it is over
 
 
 class AREngine:

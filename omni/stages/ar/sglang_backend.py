@@ -1,54 +1,54 @@
 """`SGLangEngine`: an AR stage's engine backed by SGLang's offline `Engine` (stage arg `backend="sglang"`).
 
-STATUS: a design, NOT RUN. This machine has no usable sglang (its import fails on missing
-dependencies) and no GPU, so no line below the `require` call in `__init__` has ever executed;
-nothing here is claimed to work. What IS exercised on CPU: choosing `backend="sglang"` where
-sglang is not importable fails at stage set-up with `BackendUnavailable` (the kernel reports a
-`StageStartError` naming the stage). The GPU tests the issue asks for (greedy tokens vs
-transformers under teacher forcing, taps vs the built-in engine, KV freed on abort) are not written.
+Same interface as the built-in `AREngine` (add_request / abort / step / has_work / stats /
+num_waiting / shutdown), returning the same `StepOutput`s, so `ARStage` does not know which engine
+it drives. SGLang's `Engine` runs its scheduler and model runner in child processes and its
+tokenizer manager on an asyncio loop in this process; that loop runs on a thread of its own here.
+Each request is one streaming `async_generate(input_ids=..., rid=rid, stream=True)`; its chunks
+land on a thread-safe queue that `step()` drains (waiting at most `poll_s` while requests are in
+flight), so continuous batching is SGLang's own and the actor's compute thread never blocks long.
 
-Shape: same interface as the built-in `AREngine` (add_request / abort / step / has_work / stats /
-num_waiting), returning the same `StepOutput`s, so `ARStage` does not know which engine it drives.
-SGLang's `Engine` runs its scheduler and model runner in a child process and its tokenizer manager
-on an asyncio loop in this process; that loop runs on a thread of its own here. Each request is one
-streaming `async_generate(input_ids=..., rid=rid, stream=True)`; its chunks land on a thread-safe
-queue that `step()` drains (waiting at most `poll_s` when requests are in flight), so continuous
-batching is SGLang's own and the actor's compute thread never blocks on SGLang for long.
-
-Mapping (to check against sglang 0.5.17 on the GPU):
-- sampling: temperature, top_p, top_k (0 -> -1), repetition_penalty, max_tokens -> max_new_tokens,
-  stop_token_ids, ignore_eos, seed -> sampling_seed; suppress_token_ids -> logit_bias -inf.
-  A penalty over output tokens only (`penalty_includes_prompt=False`) has no SGLang equivalent:
-  rejected as InvalidRequest.
+Mapping:
+- sampling: temperature, top_p, top_k (0 -> -1), repetition_penalty, max_tokens -> max_new_tokens
+  (capped by the context left), stop_token_ids, ignore_eos, seed -> sampling_seed,
+  suppress_token_ids -> logit_bias -inf. A penalty over output tokens only
+  (`penalty_includes_prompt=False`) has no SGLang equivalent: rejected as InvalidRequest.
 - abort: `tokenizer_manager.abort_request(rid)` on the loop; SGLang frees the request's KV slots
-  in its own pool when its scheduler sees the abort (asynchronous, unlike the built-in engine).
-- taps: SGLang's `return_hidden_states=True` returns the LAST layer's hidden states (prompt rows
-  in the first chunk, one row per new token after). The talker needs layer 0 and
-  `accept_hidden_layer`; capturing intermediate layers needs a vendor patch of SGLang's
-  Qwen3-Omni thinker forward, not written, and even the last layer's rows are not mapped to
-  `StepOutput.taps` yet. So a stage with taps (the `speech` variant's thinker) is refused at
-  start-up with BackendUnavailable rather than emitting wrong or missing rows.
-- multimodal inputs (encoder embeddings from omni's encoder stages): would map to SGLang's
-  `precomputed_embedding` items; not written, so a request with `inputs` is an InvalidRequest.
+  in its own pool when its scheduler sees the abort (asynchronously, unlike the built-in engine;
+  `kv_usage()` reads SGLang's pool to check).
+- taps (`config.tap_layers`, the hidden states the talker consumes): the vendor's
+  `OmniQwen3MoeTaps` model captures the residual stream entering each tap layer and SGLang returns
+  those rows as the request's hidden states (`return_hidden_states=True`): the prompt's rows with
+  the first token, then one row per fed token, as the built-in engine's taps. The rows travel as
+  Python lists (SGLang's format, resent whole with each streamed chunk), so taps cost host time
+  that grows with the answer's length; a tap of layer `num_layers` (after the last layer) is not
+  offered.
+- multimodal inputs (encoder embeddings): not mapped; a request with `inputs` is an InvalidRequest.
+- errors SGLang raises for one request end that request with an error (`StepOutput.error`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
-from typing import Any
+import time
+from typing import Any, Callable
 
-from omni.kernel.errors import BackendUnavailable, InvalidRequest
+import torch
+
+from omni.kernel.errors import InvalidRequest
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.engine import StepOutput
 from omni.stages.ar.sequence import SamplingParams
 from omni.vendor import sglang as vendor
 
 FEATURE = "the SGLang backend of AR stages (backend=\"sglang\")"
+log = logging.getLogger("omni.ar.sglang")
 
 
-def sglang_sampling(params: SamplingParams, max_model_len: int) -> dict[str, Any]:
+def sglang_sampling(params: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
     """omni's per-request sampling as SGLang's `sampling_params` dict."""
     if params.repetition_penalty != 1.0 and not params.penalty_includes_prompt:
         raise InvalidRequest("the sglang backend cannot apply a repetition penalty to output tokens only")
@@ -57,7 +57,7 @@ def sglang_sampling(params: SamplingParams, max_model_len: int) -> dict[str, Any
         "top_p": params.top_p,
         "top_k": params.top_k or -1,
         "repetition_penalty": params.repetition_penalty,
-        "max_new_tokens": min(params.max_tokens, max_model_len),
+        "max_new_tokens": min(params.max_tokens, max_new_tokens),
         "stop_token_ids": list(params.stop_token_ids),
         "ignore_eos": params.ignore_eos,
     }
@@ -68,26 +68,56 @@ def sglang_sampling(params: SamplingParams, max_model_len: int) -> dict[str, Any
     return out
 
 
+def hidden_rows(items: list) -> list[list[float]]:
+    """SGLang's per-request hidden states (a list of prefill chunks, each a list of rows, and of
+    single decode rows) as one row per position, in order."""
+    rows: list[list[float]] = []
+    for item in items:
+        if not item:
+            continue
+        if isinstance(item[0], (list, tuple)):
+            rows.extend(item)
+        else:
+            rows.append(item)
+    return rows
+
+
+def split_taps(rows: list[list[float]], tap_layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
+    """Rows of concat(tap_a, tap_b, ...) (ascending layers, as the taps model packs them) -> {tap: [n, H]}."""
+    data = torch.tensor(rows, dtype=torch.float32)
+    layers = sorted(tap_layers)
+    if data.shape[-1] % len(layers):
+        raise RuntimeError(f"hidden-state rows of width {data.shape[-1]} do not split into {len(layers)} taps")
+    return dict(zip(layers, data.chunk(len(layers), dim=-1)))
+
+
 class SGLangEngine:
-    """The AR engine interface over `sglang.Engine` (see the module docstring: not run yet)."""
+    """The AR engine interface over `sglang.Engine` (see the module docstring)."""
 
     def __init__(self, model_path: str, config: EngineConfig, server_args: dict[str, Any] | None = None,
                  poll_s: float = 0.005) -> None:
         sglang = vendor.require(FEATURE)  # fails here, first, where sglang is not importable
-        if config.tap_layers:
-            raise BackendUnavailable(
-                f"{FEATURE} has no hidden-state taps yet (asked for layers {list(config.tap_layers)}): "
-                "SGLang returns only the last layer's, and mapping them is not written")
         self.config = config
         self.poll_s = poll_s
-        args = {"model_path": model_path, "max_running_requests": config.max_num_seqs,
-                "context_length": config.max_model_len, "skip_tokenizer_init": True, **(server_args or {})}
+        self.tap_layers = tuple(config.tap_layers)
+        args: dict[str, Any] = {"model_path": model_path, "max_running_requests": config.max_num_seqs,
+                                "context_length": config.max_model_len, "skip_tokenizer_init": True,
+                                "cuda_graph_max_bs": config.max_num_seqs, "log_level": "error"}
+        if config.dtype:
+            args["dtype"] = config.dtype
+        if str(config.device).startswith("cuda:"):
+            args["base_gpu_id"] = int(str(config.device).split(":", 1)[1])
+        if self.tap_layers:
+            args.update(vendor.taps_server_args(self.tap_layers))
+        args.update(server_args or {})
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-loop", daemon=True)
         self._thread.start()
+        t0 = time.perf_counter()
         self._sgl = sglang.Engine(**args)  # its scheduler process starts here (tens of seconds on a GPU)
+        log.info("sglang engine up in %.1fs (%s)", time.perf_counter() - t0, model_path)
         self._chunks: queue.Queue[tuple[str, dict[str, Any] | None]] = queue.Queue()
-        self._live: dict[str, dict[str, Any]] = {}  # rid -> {"prompt_len", "seen", "task"}
+        self._live: dict[str, dict[str, Any]] = {}  # rid -> {"prompt", "seen", "items", "rows", "outputs"}
         self.num_generated = 0
 
     # ---- requests -----------------------------------------------------------------
@@ -100,12 +130,17 @@ class SGLangEngine:
         prompt = [int(t) for t in prompt_token_ids]
         if not prompt:
             raise InvalidRequest("empty prompt")
-        sampling = sglang_sampling(params or SamplingParams(), self.config.max_model_len)
-        if self.config.eos_token_ids and not (params and params.ignore_eos):
+        room = self.config.max_model_len - len(prompt)
+        if room < 1:
+            raise InvalidRequest(f"prompt of {len(prompt)} tokens leaves no room in max_model_len {self.config.max_model_len}")
+        params = params or SamplingParams()
+        sampling = sglang_sampling(params, room)
+        if self.config.eos_token_ids and not params.ignore_eos:
             sampling["stop_token_ids"] = sorted(set(sampling["stop_token_ids"]) | set(self.config.eos_token_ids))
-        hidden = return_hidden and bool(self.config.tap_layers)
-        task = asyncio.run_coroutine_threadsafe(self._stream(rid, prompt, sampling, hidden), self._loop)
-        self._live[rid] = {"prompt_len": len(prompt), "seen": 0, "task": task}
+        hidden = return_hidden and bool(self.tap_layers)
+        state = {"prompt": prompt, "seen": 0, "items": 0, "rows": 0, "outputs": [], "hidden": hidden}
+        self._live[rid] = state
+        state["task"] = asyncio.run_coroutine_threadsafe(self._stream(rid, prompt, sampling, hidden), self._loop)
 
     async def _stream(self, rid: str, prompt: list[int], sampling: dict[str, Any], hidden: bool) -> None:
         try:
@@ -113,15 +148,22 @@ class SGLangEngine:
                                                  stream=True, return_hidden_states=hidden)
             async for chunk in gen:
                 self._chunks.put((rid, chunk))
+        except Exception as exc:  # SGLang refused or failed this request: end it with the reason
+            self._chunks.put((rid, {"error": f"sglang: {type(exc).__name__}: {exc}"}))
         finally:
             self._chunks.put((rid, None))
 
     def abort(self, rid: str) -> bool:
+        """SGLang's scheduler drops the request (and frees its KV) when the abort reaches it."""
         state = self._live.pop(rid, None)
         if state is None:
             return False
-        self._loop.call_soon_threadsafe(self._sgl.tokenizer_manager.abort_request, rid)
+        asyncio.run_coroutine_threadsafe(self._abort(rid, state["task"]), self._loop).result(10)
         return True
+
+    async def _abort(self, rid: str, task) -> None:
+        self._sgl.tokenizer_manager.abort_request(rid)
+        task.cancel()
 
     # ---- stepping -----------------------------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -129,15 +171,18 @@ class SGLangEngine:
         timeout = self.poll_s if self._live else 0.0
         while True:
             try:
-                rid, chunk = self._chunks.get(timeout=timeout)
+                rid, chunk = self._chunks.get(timeout=timeout) if timeout else self._chunks.get_nowait()
             except queue.Empty:
                 break
             timeout = 0.0
             state = self._live.get(rid)
             if state is None or chunk is None:
                 continue  # aborted, or the stream's end marker after its finishing chunk
-            res = outs.setdefault(rid, StepOutput(rid, num_prompt_tokens=state["prompt_len"]))
-            self._apply_chunk(state, chunk, res)
+            res = outs.setdefault(rid, StepOutput(rid, num_prompt_tokens=len(state["prompt"])))
+            if "error" in chunk:
+                res.error, res.finished, res.finish_reason = chunk["error"], True, "error"
+            else:
+                self._apply_chunk(state, chunk, res)
             if res.finished:
                 del self._live[rid]
         return list(outs.values())
@@ -146,38 +191,71 @@ class SGLangEngine:
         ids = list(chunk.get("output_ids") or [])  # cumulative in a stream (skip_tokenizer_init)
         new = ids[state["seen"]:]
         state["seen"] = len(ids)
+        state["outputs"].extend(new)
         res.new_token_ids.extend(new)
         self.num_generated += len(new)
         meta = chunk.get("meta_info") or {}
+        if state["hidden"] and meta.get("hidden_states"):
+            self._apply_taps(state, meta["hidden_states"], res)
         reason = meta.get("finish_reason")
         if reason:
             res.finished = True
             res.finish_reason = "length" if reason.get("type") == "length" else "stop"
-        # taps from meta["hidden_states"] (last layer only, see the docstring): not mapped yet
+
+    def _apply_taps(self, state: dict[str, Any], items: list, res: StepOutput) -> None:
+        """Rows past those already emitted (SGLang resends the whole list with each chunk)."""
+        rows = hidden_rows(items[state["items"]:])
+        state["items"] = len(items)
+        if not rows:
+            return
+        start = state["rows"]
+        state["rows"] = start + len(rows)
+        known = state["prompt"] + state["outputs"]
+        taps = split_taps(rows, self.tap_layers)
+        if res.taps:  # a second chunk in the same step: append
+            res.taps = {t: torch.cat([res.taps[t], taps[t]]) for t in taps}
+        else:
+            res.taps, res.tap_start = taps, start
+        res.tap_token_ids = known[res.tap_start:state["rows"]]
 
     # ---- state --------------------------------------------------------------------
     def has_work(self) -> bool:
         return bool(self._live) or not self._chunks.empty()
 
     def num_waiting(self) -> int:
-        return 0  # SGLang queues inside its scheduler; get_server_info() would tell, at a cost
+        return 0  # SGLang queues inside its scheduler; `kv_usage()` tells, at a round trip
+
+    def kv_usage(self, timeout: float = 10.0) -> dict[str, int]:
+        """SGLang's own view of its pool: running and waiting requests, KV tokens in use."""
+        fut = asyncio.run_coroutine_threadsafe(vendor.pool_usage(self._sgl), self._loop)
+        return fut.result(timeout)
 
     def stats(self) -> dict[str, Any]:
         return {"backend": "sglang", "running": len(self._live), "num_generated_tokens": self.num_generated}
 
     def shutdown(self) -> None:
-        self._sgl.shutdown()
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        try:
+            asyncio.run_coroutine_threadsafe(self._cancel_streams(), self._loop).result(10)
+            self._sgl.shutdown()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+
+    async def _cancel_streams(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def sglang_engine_for(args: dict[str, Any], config: EngineConfig) -> SGLangEngine:
-    """Build from a stage's args: `model_dir` (or `sglang_model_path`) and `sglang_args`, passed to
-    `sglang.Engine` (e.g. {"attention_backend": "triton"}); `load_format="random"` becomes "dummy"."""
+def sglang_engine_for(args: dict[str, Any], config: EngineConfig, model_path: Callable[[], str]) -> SGLangEngine:
+    """Build from a stage's args (sglang checked first, then `model_path()` asked: it may export a
+    checkpoint). `sglang_args` go to `sglang.Engine` (e.g. {"attention_backend": "triton"});
+    `load_format="random"` becomes SGLang's "dummy"; `sglang_mem_fraction` (default 0.7) leaves
+    room for the other stages on the GPU."""
     vendor.require(FEATURE)
-    path = args.get("sglang_model_path") or args.get("model_dir")
-    if not path:
-        raise InvalidRequest(f"{FEATURE} needs args 'model_dir' or 'sglang_model_path'")
-    server_args = dict(args.get("sglang_args") or {})
+    server_args = {"mem_fraction_static": float(args.get("sglang_mem_fraction", 0.7))}
     if args.get("load_format") == "random":
-        server_args.setdefault("load_format", "dummy")
-    return SGLangEngine(str(path), config, server_args)
+        server_args["load_format"] = "dummy"
+    server_args.update(args.get("sglang_args") or {})
+    return SGLangEngine(model_path(), config, server_args)

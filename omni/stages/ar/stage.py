@@ -14,8 +14,8 @@ no inbound edge is submitted at `open`). Each `step` emits, per request:
 Model families subclass it and override `build_model` (and, if they need to, `submit`).
 
 Engine settings come from `ctx.args` (see `EngineConfig`); `args["backend"]` picks the engine:
-"builtin" (default, `AREngine`) or "sglang" (`omni.stages.ar.sglang_backend`, a design not yet run;
-where sglang is not importable, set-up fails with `BackendUnavailable`). Sampling from the request's
+"builtin" (default, `AREngine`) or "sglang" (`omni.stages.ar.sglang_backend`: SGLang's engine in the
+stage process; where sglang is not importable, set-up fails with `BackendUnavailable`). Sampling from the request's
 params: `params["sampling"][sampling_key]` when the stage sets `sampling_key` (the API's
 convention: "thinker", "talker"), else top-level keys (prefixed with `param_prefix`).
 """
@@ -80,6 +80,13 @@ class ARStage(Stage):
             factory = getattr(importlib.import_module(module), attr)
         return factory(self.ctx)
 
+    def sglang_model_path(self) -> str:
+        """The checkpoint SGLang loads (backend "sglang"): `sglang_model_path`, else `model_dir`."""
+        path = self.ctx.args.get("sglang_model_path") or self.ctx.args.get("model_dir")
+        if not path:
+            raise InvalidRequest(f"stage {self.ctx.name!r}: the sglang backend needs args 'model_dir' or 'sglang_model_path'")
+        return str(path)
+
     def engine_config(self) -> EngineConfig:
         args = dict(self.ctx.args)
         args.setdefault("device", self.ctx.device)
@@ -93,9 +100,14 @@ class ARStage(Stage):
         if backend == "sglang":
             from omni.stages.ar.sglang_backend import sglang_engine_for
 
-            self.engine = sglang_engine_for(self.ctx.args, self.engine_config())
+            self.engine = sglang_engine_for(self.ctx.args, self.engine_config(), self.sglang_model_path)
             return
         self.engine = AREngine(self.build_model(), self.engine_config())
+
+    def teardown(self) -> None:
+        shutdown = getattr(self.engine, "shutdown", None)  # the SGLang engine owns processes
+        if shutdown is not None:
+            shutdown()
 
     # ---- requests -------------------------------------------------------------------
     def open(self, rid: str, params: dict[str, Any]) -> None:
@@ -161,6 +173,9 @@ class ARStage(Stage):
         return emits
 
     def emits_for(self, out: StepOutput) -> list[Emit]:
+        if out.error is not None:
+            self._prompt_taps.pop(out.rid, None)
+            return [Emit(out.rid, error=out.error)]
         emits = []
         if out.taps and self._port_on(self.hidden_port):
             hidden = self._hidden_chunk(out)
