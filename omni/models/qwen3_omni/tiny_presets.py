@@ -86,6 +86,20 @@ PRESETS: dict[str, TinyPreset] = {
         c2w_hidden=32, c2w_layers=2, c2w_heads=4, c2w_window=12, c2w_decoder_dim=64,
         upsample_rates=(8, 5, 4, 3), upsampling_ratios=(2, 2), c2w_init_range=0.085,
     ),
+    # head_dim 64 and wider MoE blocks: the shapes SGLang's attention and fused-MoE kernels are tuned for
+    "tiny-d": TinyPreset(
+        thinker_layers=4, thinker_hidden=128, thinker_heads=2, thinker_kv_heads=1,
+        thinker_experts=8, thinker_top_k=2, thinker_moe_ffn=64, mrope_section=(16, 8, 8),
+        deepstack_indexes=(0,),
+        audio_layers=1, audio_d_model=16, audio_heads=2,
+        vision_depth=1, vision_hidden=16, vision_heads=2,
+        talker_layers=2, talker_hidden=32, talker_heads=4, talker_kv_heads=2,
+        talker_experts=4, talker_top_k=2, talker_mrope_section=(2, 1, 1),
+        accept_hidden_layer=2, predictor_layers=1,
+        num_code_groups=4, codebook_size=64,
+        c2w_hidden=32, c2w_layers=2, c2w_heads=4, c2w_window=8, c2w_decoder_dim=32,
+        upsample_rates=(4, 3), upsampling_ratios=(2,),
+    ),
 }
 
 
