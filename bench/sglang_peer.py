@@ -38,7 +38,7 @@ def server_command(system: str, model_dir: Path, text_dir: Path, port: int, max_
     if system == "sglang":
         return [PY, "-m", "sglang.launch_server", "--model-path", str(text_dir), "--load-format", "dummy",
                 "--port", str(port), "--host", "127.0.0.1", "--dtype", "bfloat16", "--attention-backend", "triton",
-                "--max-running-requests", str(max_seqs), "--cuda-graph-max-bs", str(max_seqs),
+                "--max-running-requests", str(max_seqs), "--cuda-graph-max-bs-decode", str(max_seqs),
                 "--mem-fraction-static", "0.7", "--disable-radix-cache", "--context-length", "4096",
                 "--log-level", "warning"]
     sets = [f"{s}.{field}" for s in ("thinker", "audio_encoder", "vision_encoder")

@@ -102,7 +102,7 @@ class SGLangEngine:
         self.tap_layers = tuple(config.tap_layers)
         args: dict[str, Any] = {"model_path": model_path, "max_running_requests": config.max_num_seqs,
                                 "context_length": config.max_model_len, "skip_tokenizer_init": True,
-                                "cuda_graph_max_bs": config.max_num_seqs, "log_level": "error"}
+                                "cuda_graph_max_bs_decode": config.max_num_seqs, "log_level": "error"}
         if config.dtype:
             args["dtype"] = config.dtype
         if str(config.device).startswith("cuda:"):
