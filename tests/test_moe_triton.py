@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _case(tokens, experts, top_k, hidden, inner, dtype, device="cpu", seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(tokens, hidden, generator=gen)
-    gate_up = torch.randn(experts, 2 * inner, hidden, generator=gen) / hidden**0.5
-    down = torch.randn(experts, hidden, inner, generator=gen) / inner**0.5
-    probs = torch.randn(tokens, experts, generator=gen).softmax(-1)
+    gen = torch.Generator(device=device).manual_seed(seed)  # drawn where used: thinker weights are 1.2 GB
+    x = torch.randn(tokens, hidden, generator=gen, device=device)
+    gate_up = torch.randn(experts, 2 * inner, hidden, generator=gen, device=device) / hidden**0.5
+    down = torch.randn(experts, hidden, inner, generator=gen, device=device) / inner**0.5
+    probs = torch.randn(tokens, experts, generator=gen, device=device).softmax(-1)
     weights, chosen = probs.topk(top_k, dim=-1)
     weights = weights / weights.sum(-1, keepdim=True)
     return [t.to(device, dtype) for t in (x, weights)] + [chosen.to(device)] + [
