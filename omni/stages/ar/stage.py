@@ -208,7 +208,8 @@ class ARStage(Stage):
         }
         for t in out.taps:
             rows = [p.taps[t] for p in parts]
-            data[f"layer_{t}"] = (rows[0] if len(rows) == 1 else torch.cat(rows)).detach().cpu()
+            # left on the stage's device: a cuda_ipc edge moves it GPU to GPU, the others copy it out
+            data[f"layer_{t}"] = (rows[0] if len(rows) == 1 else torch.cat(rows)).detach()
         return data
 
     def _port_on(self, port: str) -> bool:
