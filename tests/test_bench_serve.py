@@ -100,3 +100,165 @@ def test_text_only_has_no_audio_figures(server):
     (lv,) = report["levels"]
     assert lv["ok"] == 2 and lv["output_tokens"] == 8
     assert lv["ttfa_ms"] is None and lv["rtf"] is None and lv["audio_s"] == 0
+
+
+# ---- bench/profile_decode.py, bench/gpu_suite.py, bench/talker_parity_gpu.py (CPU dry runs) ----------------
+
+import profile_trace  # noqa: E402
+
+
+def _x(name, ts, dur, cat="kernel", **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1, "args": args}
+
+
+def test_trace_summary_counts_busy_time_and_categories():
+    """Two annotated steps; kernels launched inside `cat:` scopes (linked by correlation id)."""
+    eager = [
+        _x("cat:attention", 0, 100, "user_annotation"), _x("cat:MoE experts", 100, 100, "user_annotation"),
+        _x("cudaLaunchKernel", 10, 1, "cuda_runtime", correlation=1),
+        _x("cudaLaunchKernel", 110, 1, "cuda_runtime", correlation=2),
+        _x("cudaLaunchKernel", 120, 1, "cuda_runtime", correlation=3),
+        _x("cudaLaunchKernel", 300, 1, "cuda_runtime", correlation=4),  # outside every scope
+        _x("flash_fwd", 20, 5, correlation=1), _x("nvjet_gemm", 130, 7, correlation=2),
+        _x("radix_sort", 140, 3, correlation=3), _x("argmax_kernel", 310, 2, correlation=4),
+    ]
+    shares = profile_trace.attribution(eager)
+    assert shares == {"flash_fwd": {"attention": 5.0}, "nvjet_gemm": {"MoE GEMMs": 7.0},
+                      "radix_sort": {"MoE sort/index/act": 3.0}, "argmax_kernel": {"sampling/engine": 2.0}}
+    graph = [
+        {"ph": "M", "name": "process_name", "pid": 1},
+        _x("decode_step0", 1000, 100, "user_annotation"), _x("decode_step1", 1100, 50, "user_annotation"),
+        _x("flash_fwd", 1010, 10), _x("nvjet_gemm", 1015, 10), _x("unknown_thing", 1040, 4),  # overlap: busy 15 + 4
+        _x("flash_fwd", 1110, 10), _x("nvjet_gemm", 1120, 20), _x("Memcpy HtoD", 1142, 2, "gpu_memcpy"),
+    ]
+    s = profile_trace.summarize(graph, "decode_step", shares)
+    assert s["steps"] == 2 and s["wall_us_per_step"] == 75.0
+    assert s["device_busy_us_per_step"] == (19 + 32) / 2 and s["host_only_us_per_step"] == 75.0 - 25.5
+    assert s["kernels_per_step"] == 3.0 and s["kernel_us_per_step"] == 56 / 2
+    top = {k["name"]: k for k in s["top_kernels"]}
+    assert top["nvjet_gemm"]["us_per_step"] == 15.0 and top["nvjet_gemm"]["share"] == round(30 / 56, 4)
+    assert top["nvjet_gemm"]["category"] == "MoE GEMMs" and top["flash_fwd"]["count_per_step"] == 1.0
+    assert s["categories_us_per_step"] == {"MoE GEMMs": 15.0, "attention": 10.0, "other": 2.0, "copies": 1.0}
+    assert s["groups_us_per_step"]["MoE GEMMs"] == 15.0 and s["groups_us_per_step"]["copies/other"] == 3.0
+
+
+def test_trace_window_keeps_only_the_chosen_steps(tmp_path):
+    events = [{"ph": "M", "name": "m"}, _x("a", 0, 10), _x("b", 50, 10), _x("c", 200, 10)]
+    profile_trace.write_window(events, (45, 100), tmp_path / "t.json.gz")
+    assert [e["name"] for e in profile_trace.load(tmp_path / "t.json.gz")] == ["m", "b"]
+
+
+def test_profile_decode_dry_run_on_cpu(tmp_path):
+    import profile_decode
+
+    result = profile_decode.main(["--one", "--scaled", "--device", "cpu", "--out-dir", str(tmp_path), "--batch", "1,2",
+                                  "--steps", "3", "--timed", "2", "--warmup", "1"])
+    rows = result["rows"]
+    assert [r["batch"] for r in rows] == [1, 2] and not any("error" in r for r in rows), rows
+    for r in rows:
+        assert r["steps"] == 3 and r["kernels_per_step"] > 0 and r["wall_us_per_step"] > 0
+        assert r["graph_steps"] >= 3  # the fixed-shape (graph) decode path ran
+        assert {"attention", "MoE GEMMs", "norms/rope/elementwise"} <= {
+            g for g, us in r["groups_us_per_step"].items() if us > 0}
+        assert r["roofline"]["bytes_per_step"] > r["roofline"]["expert_bytes"] > 0
+        assert (tmp_path / r["trace"]).stat().st_size == r["trace_bytes"] > 0
+    assert rows[1]["roofline"]["experts_touched_per_layer"] > rows[0]["roofline"]["experts_touched_per_layer"]
+    assert "| default | 2 |" in profile_decode.markdown({"date": "d", "command": "c", "backend_env_supported": False,
+                                                        "seconds": 1, "backends": [result]})
+
+
+def test_suite_comparison_speedups():
+    import suite_report
+
+    def level(c, e2e, ttfa, audio_rate):
+        return {"concurrency": c, "ok": 2, "requests": 2, "e2e_ms": {"p50": e2e}, "ttfa_ms": {"p50": ttfa},
+                "rtf": {"p50": e2e / 5000}, "throughput": {"audio_s_per_s": audio_rate}}
+
+    omni = suite_report.merge_levels([{"command": "a", "levels": [level(1, 2000, 100, 2.5)]}, None,
+                                      {"command": "b", "levels": [level(4, 4000, 400, 5.0)]}])
+    assert [lv["concurrency"] for lv in omni["levels"]] == [1, 4] and omni["commands"] == ["a", "b"]
+    hf = {"levels": [level(1, 16000, 16000, 0.3125)]}
+    rows = suite_report.comparison(omni, hf)
+    assert rows[0]["speedup E2E p50"] == 8.0 and rows[0]["speedup TTFA p50"] == 160.0
+    assert rows[0]["speedup audio throughput"] == 8.0 and rows[0]["speedup RTF p50"] == 8.0
+    assert rows[1]["hf E2E p50 ms"] is None and rows[1]["speedup E2E p50"] is None
+
+
+def test_suite_omnid_overrides_are_valid_for_the_qwen3_graph(tmp_path):
+    """Every --set flag the suite gives omnid names a real stage field (GraphError otherwise)."""
+    import gpu_suite
+
+    from omni.kernel.graph import apply_overrides, parse_set_flags
+    from omni.models.qwen3_omni.presets_full import scaled_config, write_random_model_dir
+
+    args = gpu_suite.build_parser().parse_args(["--out-dir", str(tmp_path / "out"), "--concurrency", "1,48"])
+    args.device = "cuda"
+    sets = gpu_suite.Suite(args).omnid_sets()
+    graph, _ = build(str(write_random_model_dir(tmp_path / "m", scaled_config())))
+    apply_overrides(graph, parse_set_flags(sets))
+    for name in gpu_suite.GPU_STAGES:
+        assert graph.stage(name).device == "cuda" and graph.stage(name).args["dtype"] == "bfloat16"
+    for name in ("thinker", "talker"):
+        a = graph.stage(name).args
+        assert a["cuda_graphs"] is True and a["max_num_seqs"] == 48 and a["num_blocks"] * 16 >= 48 * 100
+    assert graph.stage("preprocess").device == "cpu"
+
+
+def test_kill_group_ends_the_child_and_its_children(tmp_path):
+    import os
+    import subprocess
+
+    from suite_support import kill_group
+
+    pids = tmp_path / "pids"
+    proc = subprocess.Popen(["sh", "-c", f"sleep 60 & echo $! > {pids}; trap '' INT; wait"], start_new_session=True)
+    import time
+
+    for _ in range(100):
+        if pids.exists() and pids.read_text().strip():
+            break
+        time.sleep(0.05)
+    grandchild = int(pids.read_text())
+    status = kill_group(proc, grace=0.5, first=2)  # SIGINT is ignored: SIGKILL must follow
+    assert status.startswith("killed") and proc.returncode is not None
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:  # a zombie (killed, not reaped yet) is dead
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (ProcessLookupError, FileNotFoundError):
+            return False
+
+    for _ in range(100):
+        if not alive(grandchild):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the grandchild outlived its group")
+
+
+def test_talker_parity_tells_a_near_tie_from_a_bug():
+    import numpy as np
+    import torch
+    from talker_parity_gpu import Recorder, compare, first_difference
+
+    ref = np.array([[5, 1], [6, 2], [7, 3]])
+    got = np.array([[5, 1], [6, 4], [7, 3]])
+    assert first_difference(ref, ref) is None and first_difference(ref, got) == (1, 1)
+    assert first_difference(ref, ref[:2]) == (2, 0)
+
+    def recorder(rows0, rows1):
+        rec = Recorder.__new__(Recorder)
+        rec.group0, rec.rest = [torch.tensor(r) for r in rows0], [torch.tensor(r) for r in rows1]
+        return rec
+
+    base0 = [[0.0] * 5 + [1.0, 0, 0], [0.0] * 6 + [1.0, 0], [0.0] * 7 + [1.0]]
+    rest = [[0.0, 1.0, 0, 0, 0], [0, 0, 1.0, 0, 0.999], [0, 0, 0, 1.0, 0]]
+    tie = compare(ref, recorder(base0, rest), got, recorder(base0, [rest[0], [0, 0, 0.999, 0, 1.0], rest[2]]))
+    assert tie["first_diff"] == {"frame": 1, "group": 1} and tie["cpu_code"] == 2 and tie["device_code"] == 4
+    assert abs(tie["cpu_margin_top1_top2"] - 0.001) < 1e-6 and tie["verdict"].startswith("near-tie")
+    far = [[0, 0, 1.0, 0, -5.0]]
+    bug = compare(ref, recorder(base0, [rest[0], far[0], rest[2]]), got, recorder(base0, [rest[0], far[0], rest[2]]))
+    assert bug["cpu_gap_to_device_choice"] == 6.0 and bug["verdict"].startswith("bug")
+    same = compare(ref, recorder(base0, rest), ref, recorder(base0, rest))
+    assert same["equal"] and same["max_logit_diff_before"] == 0.0

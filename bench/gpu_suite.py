@@ -1,0 +1,254 @@
+"""One command for issue 7's serving numbers: omnid serving the full-size Qwen3-Omni-30B-A3B
+(random bf16 weights, every model stage on the GPU, CUDA graphs in thinker and talker, cuda_ipc
+between GPU stages: the kernel's "auto" channel) under bench/serve.py, then transformers
+(bench/hf_baseline.py) on the same GPU and workload, and one combined report.
+
+Phases, each with a time limit inside a total budget (transformers keeps a reserve):
+write the random model dir -> start omnid and wait for /health -> warm-up pass (CUDA graph
+buckets) -> bench/serve.py per concurrency level -> stop omnid -> hf_baseline. Whatever
+happens (a phase fails or times out, SIGTERM), omnid's process group is killed and
+`suite.json` / `suite.md` / `omni_vs_hf.png` are written from what exists.
+
+Run:  python bench/gpu_suite.py --out-dir OUT [--concurrency 1,4,16,32] [--budget-s 390]
+      python bench/gpu_suite.py --out-dir OUT --scaled [--omnid-mode inline]   (CPU, test sizes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from serve_report import machine, now_iso, plot, say  # noqa: E402
+from suite_report import comparison, markdown, merge_levels  # noqa: E402
+from suite_support import (child_env, free_port, gpu_name, health_ok, kill_group, last_line, read_json,  # noqa: E402
+                           write_scaled_hf_checkpoint)
+
+GPU_STAGES = ("audio_encoder", "vision_encoder", "thinker", "talker", "code2wav")
+PY = sys.executable
+
+
+class Suite:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.out = args, Path(args.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.t0 = time.monotonic()
+        self.phases: list[dict] = []
+        self.commands: list[str] = []
+        self.omnid: subprocess.Popen | None = None
+        self.gpu: str | None = None
+        self.url = ""
+        self.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+
+    def left(self) -> float:
+        return self.args.budget_s - (time.monotonic() - self.t0)
+
+    def limit(self, want: float, reserve: float = 0.0) -> float:
+        return max(0.0, min(want, self.left() - reserve))
+
+    def run(self, name: str, cmd: list[str], limit: float, env: dict | None = None) -> dict:
+        """A child in its own process group, killed with it past `limit`; output to OUT/<name>.log."""
+        phase = {"name": name, "command": shlex.join(cmd), "limit_s": round(limit, 1)}
+        self.commands.append(phase["command"])
+        self.phases.append(phase)
+        if limit < 5:
+            phase["status"] = "skipped (no time left)"
+            return phase
+        say(f"[{self.elapsed()}] {name}: {phase['command']} (limit {limit:.0f}s)")
+        t = time.monotonic()
+        with open(self.out / f"{name}.log", "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    cwd=ROOT, env=child_env(env))
+            try:
+                rc = proc.wait(timeout=limit)
+                phase["status"] = "ok" if rc == 0 else f"failed (rc {rc}, see {name}.log)"
+            except subprocess.TimeoutExpired:
+                kill_group(proc, grace=5)
+                phase["status"] = f"timed out after {limit:.0f}s (partial)"
+        phase["seconds"] = round(time.monotonic() - t, 1)
+        say(f"[{self.elapsed()}] {name}: {phase['status']} in {phase['seconds']}s")
+        return phase
+
+    def elapsed(self) -> str:
+        return f"{time.monotonic() - self.t0:6.1f}s"
+
+    # ---- omnid -------------------------------------------------------------------------
+    def omnid_sets(self) -> list[str]:
+        a = self.args
+        if a.scaled:
+            return []
+        seqs = max(32, max(self.levels))
+        sets = [f"{s}.device={a.device}" for s in GPU_STAGES] + [f"{s}.args.dtype=bfloat16" for s in GPU_STAGES]
+        for ar in ("thinker", "talker"):  # KV for `seqs` sequences of up to max_model_len 4096, graphs up to `seqs`
+            sets += [f"{ar}.args.cuda_graphs=true", f"{ar}.args.max_num_seqs={seqs}",
+                     f"{ar}.args.cuda_graph_max_batch={seqs}", f"{ar}.args.num_blocks={a.kv_blocks}"]
+        return sets + [f"thinker.args.attention_backend={a.thinker_attention}"]
+
+    def start_omnid(self, model_dir: Path) -> bool:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [PY, "-m", "omni.api.cli", "serve", "--model", str(model_dir), "--port", str(port),
+               "--mode", self.args.omnid_mode] + [x for s in self.omnid_sets() for x in ("--set", s)]
+        phase = {"name": "omnid_start", "command": shlex.join(cmd)}
+        self.phases.append(phase)
+        self.commands.append(phase["command"])
+        limit = self.limit(self.args.start_limit_s, self.args.hf_reserve_s)
+        say(f"[{self.elapsed()}] omnid_start: {phase['command']} (limit {limit:.0f}s)")
+        self.omnid_log = open(self.out / "omnid.log", "w")
+        self.omnid = subprocess.Popen(cmd, stdout=self.omnid_log, stderr=subprocess.STDOUT, start_new_session=True,
+                                      cwd=ROOT, env=child_env())
+        t, last = time.monotonic(), ""
+        while time.monotonic() - t < limit:
+            if self.omnid.poll() is not None:
+                phase.update(status=f"omnid exited (rc {self.omnid.returncode}, see omnid.log)")
+                break
+            if health_ok(self.url):
+                phase.update(status="ok")
+                break
+            line = last_line(self.out / "omnid.log")
+            if line != last:
+                say(f"[{self.elapsed()}]   omnid: {line[:200]}")
+                last = line
+            time.sleep(1.0)
+        else:
+            phase.update(status=f"not healthy after {limit:.0f}s")
+        phase["seconds"] = round(time.monotonic() - t, 1)
+        say(f"[{self.elapsed()}] omnid_start: {phase['status']} in {phase['seconds']}s")
+        return phase["status"] == "ok"
+
+    def stop_omnid(self) -> None:
+        if self.omnid is None:
+            return
+        t = time.monotonic()
+        try:
+            with urllib.request.urlopen(self.url + "/metrics", timeout=5) as resp:
+                (self.out / "omnid_metrics.txt").write_bytes(resp.read())
+        except Exception:  # metrics are a nice-to-have
+            pass
+        status = kill_group(self.omnid, grace=self.args.stop_limit_s, first=signal.SIGINT)
+        self.phases.append({"name": "omnid_stop", "seconds": round(time.monotonic() - t, 1), "status": status})
+        self.omnid = None
+
+    # ---- phases ------------------------------------------------------------------------
+    def serve_cmd(self, name: str, levels: str, requests: int | None, warmup: int, max_tokens: int,
+                  audio_tokens: int) -> list[str]:
+        a = self.args
+        cmd = [PY, "bench/serve.py", "--url", self.url, "--concurrency", levels, "--warmup", str(warmup),
+               "--prompt-set", a.prompt_set, "--max-tokens", str(max_tokens), "--audio-tokens", str(audio_tokens),
+               "--label", "omni", "--timeout", "300", "--out", str(self.out / f"{name}.json"),
+               "--server-note", f"omnid on {self.gpu or 'cpu'}, random full-size weights" if not a.scaled else "omnid, scaled"]
+        return cmd + (["--requests", str(requests)] if requests else [])
+
+    def serve_all(self) -> None:
+        a = self.args
+        reserve = a.hf_reserve_s + a.stop_limit_s
+        if a.prewarm:
+            self.run("serve_prewarm", self.serve_cmd("serve_prewarm", a.concurrency, None, 0, 4, 4),
+                     self.limit(a.prewarm_limit_s, reserve))
+        for i, c in enumerate(self.levels):
+            n = a.requests or (4 if c == 1 else 2 * c)
+            self.run(f"serve_c{c}", self.serve_cmd(f"serve_c{c}", str(c), n, 2 if i == 0 else 0, a.max_tokens,
+                                                   a.audio_tokens), self.limit(a.level_limit_s + 2 * c, reserve))
+
+    def hf(self, hf_dir: Path | None) -> None:
+        a = self.args
+        src = ["--model", str(hf_dir)] if hf_dir else ["--random-full"]
+        cmd = [PY, "bench/hf_baseline.py", *src, "--device", a.device, "--concurrency", a.concurrency,
+               "--service-requests", str(a.hf_requests), "--warmup", "0", "--prompt-set", a.prompt_set,
+               "--max-tokens", str(a.max_tokens), "--audio-tokens", str(a.audio_tokens), "--out", str(self.out / "hf.json")]
+        self.run("hf_baseline", cmd, self.limit(a.hf_limit_s))
+
+    def report(self) -> dict:
+        omni = merge_levels([read_json(self.out / f"serve_c{c}.json") for c in self.levels])
+        hf = read_json(self.out / "hf.json")
+        rep = {"date": now_iso(), "model": "qwen3-omni scaled (CPU)" if self.args.scaled else "Qwen3-Omni-30B-A3B, random bf16",
+               "machine": machine(), "gpu": self.gpu, "seconds": round(time.monotonic() - self.t0, 1),
+               "workload": {"prompt_set": self.args.prompt_set, "max_tokens": self.args.max_tokens,
+                            "audio_tokens": self.args.audio_tokens, "concurrency": self.levels},
+               "omnid_sets": self.omnid_sets(), "phases": self.phases, "commands": self.commands,
+               "comparison": comparison(omni, hf), "omni": omni, "hf": hf}
+        if omni or hf:
+            try:
+                plot([r for r in (omni, hf) if r], str(self.out / "omni_vs_hf.png"))
+            except Exception as exc:  # no matplotlib: the tables still stand
+                rep["plot_error"] = f"{type(exc).__name__}: {exc}"
+        (self.out / "suite.json").write_text(json.dumps(rep, indent=2) + "\n")
+        (self.out / "suite.md").write_text(markdown(rep))
+        return rep
+
+    def main(self) -> dict:
+        from omni.models.qwen3_omni.presets_full import scaled_config, write_random_model_dir
+
+        self.gpu = gpu_name()
+        model_dir = write_random_model_dir(self.out / "model", scaled_config() if self.args.scaled else None)
+        hf_dir = write_scaled_hf_checkpoint(self.out / "hf_model") if self.args.scaled else None
+        try:
+            if self.start_omnid(model_dir):
+                self.serve_all()
+        finally:
+            self.stop_omnid()
+        if not self.args.no_hf:
+            self.hf(hf_dir)
+        return self.report()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--scaled", action="store_true", help="CPU, the scaled config (a dry run of the orchestration)")
+    ap.add_argument("--device", default=None, help="default cuda (cpu with --scaled)")
+    ap.add_argument("--concurrency", default=None, help="default 1,4,16,32 (1,2 with --scaled)")
+    ap.add_argument("--requests", type=int, default=None, help="per level (default 4 at c=1, else 2c)")
+    ap.add_argument("--prompt-set", default="short")
+    ap.add_argument("--max-tokens", type=int, default=None, help="thinker tokens (default 32; 4 with --scaled)")
+    ap.add_argument("--audio-tokens", type=int, default=None, help="talker frames (default 64; 6 with --scaled)")
+    ap.add_argument("--omnid-mode", choices=("process", "inline"), default="process")
+    ap.add_argument("--kv-blocks", type=int, default=1024, help="KV blocks of thinker and talker (16 tokens each)")
+    ap.add_argument("--thinker-attention", default="triton", choices=("torch", "triton"))
+    ap.add_argument("--no-prewarm", dest="prewarm", action="store_false")
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--hf-requests", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=390.0)
+    ap.add_argument("--start-limit-s", type=float, default=180.0)
+    ap.add_argument("--prewarm-limit-s", type=float, default=45.0)
+    ap.add_argument("--level-limit-s", type=float, default=45.0, help="per level, plus 2 s per client")
+    ap.add_argument("--stop-limit-s", type=float, default=30.0)
+    ap.add_argument("--hf-limit-s", type=float, default=110.0)
+    ap.add_argument("--hf-reserve-s", type=float, default=100.0, help="kept for hf_baseline by earlier phases")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    scaled = args.scaled
+    args.device = args.device or ("cpu" if scaled else "cuda")
+    args.concurrency = args.concurrency or ("1,2" if scaled else "1,4,16,32")
+    args.max_tokens = args.max_tokens or (4 if scaled else 32)
+    args.audio_tokens = args.audio_tokens or (6 if scaled else 64)
+    suite = Suite(args)
+
+    def on_term(signum, frame):  # `timeout` sends SIGTERM: stop omnid, write what exists
+        raise SystemExit(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        return suite.main()
+    except BaseException as exc:
+        suite.phases.append({"name": "suite", "status": f"aborted: {type(exc).__name__}: {exc}"})
+        suite.stop_omnid()
+        suite.report()
+        raise
+
+
+if __name__ == "__main__":
+    report = main()
+    print(markdown(report))
