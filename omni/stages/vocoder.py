@@ -3,7 +3,14 @@
 It drives any `StreamingCodec` (a model whose per-stream state carries its left context, such
 as Qwen3-Omni's code2wav). A request's first chunk is `first_chunk_frames` (time to first
 audio), later ones `chunk_frames` (efficiency); at the end of input whatever is left is
-decoded. Requests whose next chunk has the same shape are decoded in one batched forward.
+decoded. Requests whose next chunk has the same shape are decoded in one batched forward;
+one step launches a forward for every due shape (first chunks first) before it waits for any.
+
+Codes arrive as arrays or as tensors. Tensors already on the codec's device stay there (with
+the codec on a GPU: no per-frame host round trip): they are concatenated on the device and
+range-checked once per forward, where one request's bad codes fail that request only. The
+only copy back is each chunk's PCM (float32 numpy). torch is imported only when a tensor
+shows up.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.stages.threads import pin_torch_threads
 
+GPU_MAX_BATCH, CPU_MAX_BATCH = 32, 8
+
 
 class StreamingCodec(Protocol):
     """What the stage needs of a vocoder model (torch stays inside the model)."""
@@ -24,14 +33,38 @@ class StreamingCodec(Protocol):
     sample_rate: int
     num_groups: int
     codebook_size: int
+    device: Any  # where `decode_frames` runs ("cpu", "cuda:0", a torch.device)
 
     def new_stream(self) -> Any: ...
 
     def batch_key(self, stream: Any) -> tuple: ...
 
-    def decode_frames(self, codes: np.ndarray, streams: list[Any]) -> np.ndarray:
-        """codes [B, T, num_groups] int -> new samples [B, n] float32; advances `streams`."""
+    def decode_frames(self, codes: Any, streams: list[Any]) -> Any:
+        """codes [B, T, num_groups] int (numpy, or a tensor on `device`; in range) -> new
+        samples [B, n] (numpy, or a float32 tensor that may still be being computed);
+        advances `streams`."""
         ...
+
+
+def _is_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _join(blocks: list[Any], stack: bool) -> Any:
+    """Concatenate (or stack) numpy blocks on the host, or tensors on their device."""
+    if not any(_is_tensor(b) for b in blocks):
+        return np.stack(blocks) if stack else np.concatenate(blocks, axis=0)
+    import torch
+
+    device = next(b.device for b in blocks if _is_tensor(b))
+    tensors = [b if _is_tensor(b) else torch.from_numpy(b).to(device) for b in blocks]
+    return torch.stack(tensors) if stack else torch.cat(tensors)
+
+
+def _host_pcm(pcm: Any) -> np.ndarray:
+    if _is_tensor(pcm):
+        pcm = pcm.float().cpu().numpy()
+    return np.asarray(pcm, dtype=np.float32)
 
 
 @dataclass
@@ -39,7 +72,7 @@ class VocoderRequest:
     stream: Any
     first_chunk: int
     chunk: int
-    pending: list[np.ndarray] = field(default_factory=list)  # [n, groups] blocks not yet decoded
+    pending: list[Any] = field(default_factory=list)  # [n, groups] blocks not yet decoded
     pending_frames: int = 0
     decoded_frames: int = 0
     closed: bool = False
@@ -51,17 +84,18 @@ class VocoderRequest:
             return need
         return self.pending_frames if self.closed else 0
 
-    def take(self, n: int) -> np.ndarray:
-        frames = np.concatenate(self.pending, axis=0)
+    def take(self, n: int) -> Any:
+        frames = self.pending[0] if len(self.pending) == 1 else _join(self.pending, stack=False)
         self.pending = [frames[n:]] if n < len(frames) else []
         self.pending_frames -= n
         return frames[:n]
 
 
 class VocoderStage(Stage):
-    """args: first_chunk_frames (default 4), chunk_frames (default 12), max_batch (default 8).
-    A request may override the chunk sizes with params `vocoder_first_chunk_frames` /
-    `vocoder_chunk_frames`. Subclasses provide the model in `build_codec`."""
+    """args: first_chunk_frames (default 4), chunk_frames (default 12), max_batch (requests per
+    forward; default 32 with the codec on a GPU, else 8). A request may override the chunk
+    sizes with params `vocoder_first_chunk_frames` / `vocoder_chunk_frames`. Subclasses
+    provide the model in `build_codec`."""
 
     in_port = "codes"
     out_port = "audio"
@@ -72,7 +106,8 @@ class VocoderStage(Stage):
         self.requests: dict[str, VocoderRequest] = {}
         self.first_chunk = _positive(ctx.args.get("first_chunk_frames", 4), "first_chunk_frames")
         self.chunk = _positive(ctx.args.get("chunk_frames", 12), "chunk_frames")
-        self.max_batch = _positive(ctx.args.get("max_batch", 8), "max_batch")
+        batch = ctx.args.get("max_batch")
+        self._max_batch = None if batch is None else _positive(batch, "max_batch")
         self.decoded_frames = 0
         self.forwards = 0
 
@@ -84,6 +119,16 @@ class VocoderStage(Stage):
         if self.codec is None:
             self.codec = self.build_codec()
 
+    @property
+    def on_gpu(self) -> bool:
+        return str(getattr(self.codec, "device", "cpu")).startswith("cuda")
+
+    @property
+    def max_batch(self) -> int:
+        if self._max_batch is not None:
+            return self._max_batch
+        return GPU_MAX_BATCH if self.on_gpu else CPU_MAX_BATCH
+
     def open(self, rid: str, params: dict[str, Any]) -> None:
         first = _positive(params.get("vocoder_first_chunk_frames", self.first_chunk), "vocoder_first_chunk_frames")
         chunk = _positive(params.get("vocoder_chunk_frames", self.chunk), "vocoder_chunk_frames")
@@ -92,20 +137,47 @@ class VocoderStage(Stage):
     def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
         req = self.requests[rid]
         codes = data["codes"]
-        if hasattr(codes, "detach"):  # a tensor (a CUDA one when the talker ran on the GPU in-process)
-            codes = codes.detach().cpu().numpy()
-        codes = np.array(codes, dtype=np.int64, copy=True)
-        if codes.ndim == 1:
-            codes = codes[None]
-        if codes.ndim != 2 or codes.shape[1] != self.codec.num_groups:
-            raise InvalidRequest(f"codes must be [n_frames, {self.codec.num_groups}], got {list(codes.shape)}")
-        if codes.size and (codes.min() < 0 or codes.max() >= self.codec.codebook_size):
-            raise InvalidRequest(f"codes must lie in [0, {self.codec.codebook_size})")
+        if _is_tensor(codes) and self._keeps_on_device(codes):
+            codes = self._device_block(codes)  # stays a tensor; range checked once per forward
+        else:
+            codes = self._host_block(codes)
         if req.closed:
             raise InvalidRequest(f"codes for {rid} after its input ended")
         if len(codes):
             req.pending.append(codes)
             req.pending_frames += len(codes)
+
+    def _keeps_on_device(self, codes: Any) -> bool:
+        import torch
+
+        return codes.device == torch.device(getattr(self.codec, "device", "cpu"))
+
+    def _device_block(self, codes: Any) -> Any:
+        import torch
+
+        if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
+            raise InvalidRequest(f"codes must be integers, got {codes.dtype}")
+        codes = codes.detach()
+        codes = codes[None] if codes.dim() == 1 else codes
+        self._check_shape(codes.shape)
+        return codes.to(torch.long, copy=True)  # the channel's buffer is valid during the call only
+
+    def _host_block(self, codes: Any) -> np.ndarray:
+        if _is_tensor(codes):
+            codes = codes.detach().cpu().numpy()
+        codes = np.array(codes, copy=True)
+        if codes.dtype.kind not in "iu":
+            raise InvalidRequest(f"codes must be integers, got {codes.dtype}")
+        codes = codes.astype(np.int64)
+        codes = codes[None] if codes.ndim == 1 else codes
+        self._check_shape(codes.shape)
+        if codes.size and (codes.min() < 0 or codes.max() >= self.codec.codebook_size):
+            raise InvalidRequest(f"codes must lie in [0, {self.codec.codebook_size})")
+        return codes
+
+    def _check_shape(self, shape) -> None:
+        if len(shape) != 2 or shape[1] != self.codec.num_groups:
+            raise InvalidRequest(f"codes must be [n_frames, {self.codec.num_groups}], got {list(shape)}")
 
     def close_input(self, rid: str) -> None:
         self.requests[rid].closed = True
@@ -123,39 +195,58 @@ class VocoderStage(Stage):
         emits = [Emit(rid, finish=True) for rid, r in self.requests.items() if r.closed and not r.pending_frames]
         for e in emits:
             del self.requests[e.rid]
-        batch = self._next_batch()
-        if batch:
+        launched = []  # every forward is launched before any PCM is copied back
+        for batch in self._next_batches():
             n = self.requests[batch[0]].due()
+            codes = _join([self.requests[rid].take(n) for rid in batch], stack=True)
+            batch, codes = self._drop_bad_rows(batch, codes, emits)
+            if not batch:
+                continue
             reqs = [self.requests[rid] for rid in batch]
-            codes = np.stack([r.take(n) for r in reqs])
-            pcm = self.codec.decode_frames(codes, [r.stream for r in reqs])
+            launched.append((batch, reqs, n, self.codec.decode_frames(codes, [r.stream for r in reqs])))
             self.forwards += 1
             self.decoded_frames += n * len(reqs)
-            for rid, r, samples in zip(batch, reqs, pcm):
+        for batch, reqs, n, pcm in launched:
+            for rid, r, samples in zip(batch, reqs, _host_pcm(pcm)):
                 r.decoded_frames += n
                 done = r.closed and not r.pending_frames
-                data = {"pcm": np.ascontiguousarray(samples, dtype=np.float32), "sample_rate": self.codec.sample_rate}
+                data = {"pcm": np.ascontiguousarray(samples), "sample_rate": self.codec.sample_rate}
                 if len(samples) or done:
                     emits.append(Emit(rid, self.out_port, data if len(samples) else None, finish=done))
                 if done:
                     del self.requests[rid]
         return emits
 
+    def _drop_bad_rows(self, batch: list[str], codes: Any, emits: list[Emit]) -> tuple[list[str], Any]:
+        """Device codes are range-checked here, once per forward: a request with codes outside
+        the codebook fails alone; the others are decoded."""
+        if not _is_tensor(codes):
+            return batch, codes
+        bad = ((codes < 0) | (codes >= self.codec.codebook_size)).flatten(1).any(1).tolist()
+        if not any(bad):
+            return batch, codes
+        exc = InvalidRequest(f"codes must lie in [0, {self.codec.codebook_size})")
+        for rid, is_bad in zip(batch, bad):
+            if is_bad:
+                emits.append(Emit(rid, error=str(exc), error_kind=exc.kind))
+                del self.requests[rid]
+        keep = [i for i, is_bad in enumerate(bad) if not is_bad]
+        return [batch[i] for i in keep], codes[keep]
+
     def stats(self) -> dict[str, Any]:
         return {"running": len(self.requests), "buffered_frames": self.backlog(),
-                "decoded_frames": self.decoded_frames, "forwards": self.forwards}
+                "decoded_frames": self.decoded_frames, "forwards": self.forwards, "max_batch": self.max_batch}
 
-    def _next_batch(self) -> list[str]:
-        """The largest group of due requests whose next chunk has one shape (oldest group on ties)."""
+    def _next_batches(self) -> list[list[str]]:
+        """Due requests grouped by their next chunk's shape, first chunks first (time to first
+        audio), then the largest groups; at most `max_batch` requests per group."""
         groups: dict[tuple, list[str]] = {}
         for rid, r in self.requests.items():
             n = r.due()
             if n:
-                groups.setdefault((n, self.codec.batch_key(r.stream)), []).append(rid)
-        if not groups:
-            return []
-        best = max(groups.values(), key=len)
-        return best[: self.max_batch]
+                groups.setdefault((r.decoded_frames == 0, n, self.codec.batch_key(r.stream)), []).append(rid)
+        order = sorted(groups.items(), key=lambda kv: (not kv[0][0], -len(kv[1])))
+        return [rids[: self.max_batch] for _, rids in order]
 
 
 def _positive(value: Any, name: str) -> int:

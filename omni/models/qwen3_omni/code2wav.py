@@ -127,26 +127,49 @@ class Code2Wav(nn.Module):
         return tuple(m.trim_after(stream.inputs_seen[n]) for n, m in self._stateful
                      if isinstance(m, CausalTransConv))
 
+    @property
+    def device(self) -> torch.device:
+        return self.code_offset.device
+
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor, streams: list[Code2WavStream]) -> torch.Tensor:
         """Decode the next frames of each stream. codes: [B, num_quantizers, T] (long), one row per
         stream, all with equal `batch_key`. Returns the new samples [B, n]; updates `streams`."""
-        if codes.dim() != 3 or codes.shape[1] != self.cfg.num_quantizers or codes.shape[0] != len(streams):
-            raise ValueError(f"codes must be [{len(streams)}, {self.cfg.num_quantizers}, T], got {tuple(codes.shape)}")
-        keys = {self.batch_key(s) for s in streams}
-        if len(keys) != 1:
-            raise ValueError("streams at different start-up stages cannot share a batch")
+        self._check_batch(codes, streams)
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.cfg.codebook_size):
             raise ValueError(f"codes outside [0, {self.cfg.codebook_size})")
+        return self._decode(self._to_device(codes), streams)
+
+    @torch.inference_mode()
+    def decode_frames(self, codes, streams: list[Code2WavStream]) -> torch.Tensor:
+        """The `StreamingCodec` entry: codes [B, T, groups] int (numpy, or a tensor), already
+        range-checked by the stage -> new samples [B, n] float32 on the device. No host sync:
+        the caller's copy of the samples is the only one."""
+        if not isinstance(codes, torch.Tensor):
+            codes = torch.from_numpy(np.asarray(codes, dtype=np.int64))
+        codes = self._to_device(codes.long()).transpose(1, 2)
+        self._check_batch(codes, streams)
+        return self._decode(codes, streams).float()
+
+    def _check_batch(self, codes: torch.Tensor, streams: list[Code2WavStream]) -> None:
+        if codes.dim() != 3 or codes.shape[1] != self.cfg.num_quantizers or codes.shape[0] != len(streams):
+            raise ValueError(f"codes must be [{len(streams)}, {self.cfg.num_quantizers}, T], got {tuple(codes.shape)}")
+        if len({self.batch_key(s) for s in streams}) != 1:
+            raise ValueError("streams at different start-up stages cannot share a batch")
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """Host -> GPU without a stream sync (pinned, non-blocking); a no-op on the device."""
+        if t.device == self.device:
+            return t
+        if self.device.type == "cuda" and t.device.type == "cpu":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
+
+    def _decode(self, codes: torch.Tensor, streams: list[Code2WavStream]) -> torch.Tensor:
         st = self._stack(streams)
-        wav = self._forward(codes.to(self.code_offset.device), st)
+        wav = self._forward(codes, st)
         self._unstack(st, streams, codes.shape[-1], wav.shape[-1])
         return wav
-
-    def decode_frames(self, codes: np.ndarray, streams: list[Code2WavStream]) -> np.ndarray:
-        """The `StreamingCodec` entry: codes [B, T, groups] int -> new samples [B, n] float32."""
-        wav = self.decode(torch.from_numpy(np.asarray(codes, dtype=np.int64)).transpose(1, 2), streams)
-        return wav.float().cpu().numpy()
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         """The full decode: [B, num_quantizers, T] -> [B, 1, samples_for(T)], like transformers'."""
@@ -163,7 +186,7 @@ class Code2Wav(nn.Module):
 
     def _stack(self, streams: list[Code2WavStream]) -> StreamBatch:
         tensors = {k: torch.cat([s.tensors[k] for s in streams]) for k in streams[0].tensors}
-        pos = torch.tensor([s.frames for s in streams], dtype=torch.long)
+        pos = self._to_device(torch.tensor([s.frames for s in streams], dtype=torch.long))
         trim = {n: m.trim_after(streams[0].inputs_seen[n]) for n, m in self._stateful
                 if isinstance(m, CausalTransConv)}
         return StreamBatch(tensors, pos, trim)
