@@ -98,9 +98,10 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
 
 
 def _launch_ts(events: list[dict], dev: list[dict]) -> list[float]:
-    """Host time at which each device event was launched (its own ts for CPU ops)."""
+    """Host time at which each device event was launched (its own ts for CPU ops); Triton kernels
+    are launched through the driver API (`cuda_driver`), the rest through the runtime."""
     runtime = {e["args"]["correlation"]: float(e["ts"]) for e in events
-               if e.get("cat") == "cuda_runtime" and "correlation" in (e.get("args") or {})}
+               if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in (e.get("args") or {})}
     return [runtime.get((d.get("args") or {}).get("correlation"), float(d["ts"])) for d in dev]
 
 

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -31,6 +32,13 @@ def kill_group(proc: subprocess.Popen, grace: float, first: int = signal.SIGTERM
     except ProcessLookupError:
         pass
     proc.wait()
+    deadline = time.monotonic() + 10  # let the group's last members go (their GPU memory with them)
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
     return status
 
 

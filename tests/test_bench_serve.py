@@ -211,7 +211,7 @@ def test_kill_group_ends_the_child_and_its_children(tmp_path):
     from suite_support import kill_group
 
     pids = tmp_path / "pids"
-    proc = subprocess.Popen(["sh", "-c", f"sleep 60 & echo $! > {pids}; trap '' INT; wait"], start_new_session=True)
+    proc = subprocess.Popen(["sh", "-c", f"trap '' INT; sleep 60 & echo $! > {pids}; wait"], start_new_session=True)
     import time
 
     for _ in range(100):
@@ -262,3 +262,23 @@ def test_talker_parity_tells_a_near_tie_from_a_bug():
     assert bug["cpu_gap_to_device_choice"] == 6.0 and bug["verdict"].startswith("bug")
     same = compare(ref, recorder(base0, rest), ref, recorder(base0, rest))
     assert same["equal"] and same["max_logit_diff_before"] == 0.0
+
+
+@pytest.mark.slow
+def test_gpu_suite_scaled_end_to_end_on_cpu(tmp_path):
+    """The whole orchestration at test sizes (~40 s): random model dir, omnid (6 stage processes),
+    warm-up, one bench/serve.py run per level, omnid stopped, transformers baseline, the report."""
+    import gpu_suite
+
+    rep = gpu_suite.main(["--scaled", "--out-dir", str(tmp_path), "--hf-requests", "1", "--budget-s", "200"])
+    assert [(p["name"], p["status"]) for p in rep["phases"]] == [
+        ("omnid_start", "ok"), ("serve_prewarm", "ok"), ("serve_c1", "ok"), ("serve_c2", "ok"),
+        ("omnid_stop", "stopped (rc 0)"), ("hf_baseline", "ok")]
+    assert [r["concurrency"] for r in rep["comparison"]] == [1, 2]
+    for row in rep["comparison"]:
+        assert row["omni_ok"] == "4/4" and row["speedup E2E p50"] and row["speedup audio throughput"]
+        assert row["omni TTFA p50 ms"] <= row["omni E2E p50 ms"]
+    assert rep["omni"]["levels"][0]["output_tokens"] == 4 * 4  # --scaled: 4 thinker tokens per request
+    assert json.loads((tmp_path / "suite.json").read_text())["comparison"] == rep["comparison"]
+    assert (tmp_path / "omni_vs_hf.png").stat().st_size > 1000 and "speedup" in (tmp_path / "suite.md").read_text()
+    assert len(rep["commands"]) == 5 and all("--url" in c for c in rep["commands"][1:4])
