@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -189,15 +191,19 @@ class Suite:
         from omni.models.qwen3_omni.presets_full import scaled_config, write_random_model_dir
 
         self.gpu = gpu_name()
-        model_dir = write_random_model_dir(self.out / "model", scaled_config() if self.args.scaled else None)
-        hf_dir = write_scaled_hf_checkpoint(self.out / "hf_model") if self.args.scaled else None
+        work = Path(tempfile.mkdtemp(prefix="omni-suite-"))  # model dirs: not worth copying back with OUT
         try:
-            if self.start_omnid(model_dir):
-                self.serve_all()
+            model_dir = write_random_model_dir(work / "model", scaled_config() if self.args.scaled else None)
+            hf_dir = write_scaled_hf_checkpoint(work / "hf_model") if self.args.scaled else None
+            try:
+                if self.start_omnid(model_dir):
+                    self.serve_all()
+            finally:
+                self.stop_omnid()
+            if not self.args.no_hf:
+                self.hf(hf_dir)
         finally:
-            self.stop_omnid()
-        if not self.args.no_hf:
-            self.hf(hf_dir)
+            shutil.rmtree(work, ignore_errors=True)
         return self.report()
 
 

@@ -86,4 +86,8 @@ def markdown(report: dict) -> str:
                 "| kernel | us/step | count/step | share | category |", "|---|---|---|---|---|"]
         for k in r["top_kernels"]:
             out.append(f"| `{k['name'][:90]}` | {k['us_per_step']} | {k['count_per_step']} | {k['share']} | {k['category']} |")
+    out += ["", "How to read it: GPU busy = union of kernel/memcpy time in a step; host-only = wall - busy (Python, "
+                "batch build, sampling, launch gaps). Ideal = bytes a step must read (non-expert weights once, the experts "
+                "the batch touches, the KV cache) / HBM bandwidth; 'of roofline' = ideal / TPOT. A category's TB/s far "
+                "below the HBM peak means its kernels are latency- or launch-bound, not bandwidth-bound."]
     return "\n".join(out) + "\n"
