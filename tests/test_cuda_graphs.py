@@ -161,10 +161,8 @@ def test_triton_backend_with_graphs_gives_the_same_tokens(ckpt, exact_cuda):
 @pytest.mark.gpu
 def test_cuda_graph_path_equals_cpu_path_end_to_end(ckpt, exact_cuda):
     """Thinker tokens and every talker code through the whole graph: CPU vs CUDA with CUDA graphs
-    in both AR stages (and the Triton decode kernel in the thinker); waveforms close.
-
-    code2wav stays on the CPU: on CUDA its stage fails (2026-11-29 H200 run) because the codes reach
-    `VocoderStage.feed` as CUDA tensors and it calls `np.array` on them (omni/stages/vocoder.py)."""
+    in both AR stages (and the Triton decode kernel in the thinker, the code predictor's graphs in the
+    talker); code2wav on the GPU too; waveforms close."""
     from omni.models.qwen3_omni.graph import build
     from qwen3_fixtures import LoopThread, RunningKernel, expose_codes, params, prompts
 
@@ -177,7 +175,6 @@ def test_cuda_graph_path_equals_cpu_path_end_to_end(ckpt, exact_cuda):
                                                       "talker": {"cuda_graphs": True}}},
         }.items():
             graph, _ = build(ckpt, threads=1, **options)
-            graph.stage("code2wav").device = "cpu"
             with RunningKernel(loop, expose_codes(graph), mode="inline") as kernel:
                 results[name] = {k: kernel.one(params(m, "ethan", 12, 30, ignore_eos=True)) for k, m in prompts().items()
                                  if k in ("text", "audio")}

@@ -95,6 +95,9 @@ class TalkerStage(ARStage):
         self.model = self.engine.model
         self.model.max_model_len = self.engine.config.max_model_len
         self._accept = self.model.cfg.talker.accept_hidden_layer
+        cfg = self.engine.config
+        if cfg.cuda_graphs:  # the code predictor's 15-step loop as one CUDA graph per batch bucket
+            self.model.use_predictor_graphs(cfg.cuda_graph_max_batch or cfg.max_num_seqs)
 
     # ---- requests -------------------------------------------------------------------
     def open(self, rid: str, params: dict[str, Any]) -> None:
@@ -206,4 +209,6 @@ class TalkerStage(ARStage):
         return waiting + sum(not s.submitted for s in self._streams.values())
 
     def stats(self) -> dict[str, Any]:
-        return {**super().stats(), "streams": len(self._streams)}
+        graphs = getattr(self.model, "predictor_graphs", None)
+        extra = {"predictor": graphs.stats()} if graphs is not None else {}
+        return {**super().stats(), "streams": len(self._streams), **extra}
