@@ -76,6 +76,10 @@ class Suite:
             except subprocess.TimeoutExpired:
                 kill_group(proc, grace=5)
                 phase["status"] = f"timed out after {limit:.0f}s (partial)"
+            except BaseException:  # SIGTERM / Ctrl-C of the suite: the child's own session would outlive it
+                kill_group(proc, grace=2)
+                phase["status"] = "interrupted"
+                raise
         phase["seconds"] = round(time.monotonic() - t, 1)
         say(f"[{self.elapsed()}] {name}: {phase['status']} in {phase['seconds']}s")
         return phase
