@@ -12,6 +12,7 @@ are 1 and biases 0 so activations stay in range through 48 layers. Non-parameter
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any
 
 import torch
@@ -35,13 +36,22 @@ def is_random(args: dict[str, Any]) -> bool:
     return load_format(args) == "random"
 
 
+# torch's default dtype is process-wide: stages setting up at once in one process (inline mode) take turns
+_DEFAULT_DTYPE_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _meta(dtype: torch.dtype):
+    with _DEFAULT_DTYPE_LOCK, _default_dtype(dtype), torch.device("meta"):
+        yield
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device("meta"):
-            yield
+        yield
     finally:
         torch.set_default_dtype(previous)
 
