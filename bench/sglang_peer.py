@@ -122,7 +122,8 @@ class Peer:
         systems = [s for s in self.args.systems.split(",") if s]
         for i, system in enumerate(systems):
             self.run_system(system, model_dir, text_dir, self.left() / (len(systems) - i))
-        return self.report(systems)
+        # a system measured by an earlier invocation into the same --out-dir (same machine) counts too
+        return self.report([s for s in SYSTEMS if s in systems or (self.out / f"{s}.json").exists()])
 
     def report(self, systems: list[str]) -> dict:
         results = {s: read_json(self.out / f"{s}.json") for s in systems}
@@ -146,6 +147,9 @@ class Peer:
                   "machine": machine(), "gpu": gpu_name(), "phases": self.phases, "rows": rows,
                   "workload": {"prompt_set": self.args.prompt_set, "max_tokens": self.args.max_tokens,
                                "levels": self.levels}}
+        old = read_json(self.out / "peer.json")
+        if old:  # keep the phases (server commands) of earlier invocations
+            report["phases"] = [p for p in old.get("phases", []) if p.get("system") not in systems] + self.phases
         (self.out / "peer.json").write_text(json.dumps(report, indent=2) + "\n")
         md = markdown(rows)
         (self.out / "peer.md").write_text(md + "\n")
