@@ -1,5 +1,7 @@
 """SGLang as the peer: the Qwen3-Omni-30B-A3B thinker's text model (random bf16 weights) served by
-(1) SGLang alone (`sglang.launch_server`, `--load-format dummy`), (2) omnid's `text` variant on the
+(1) SGLang alone (its offline `Engine`, `load_format="dummy"`, driven in-process by
+bench/sglang_engine_load.py: the GPU image cannot import SGLang's HTTP server, and leaving HTTP out
+favours SGLang slightly), (2) omnid's `text` variant on the
 built-in engine, (3) omnid's `text` variant with the thinker on the SGLang backend — same GPU, same
 prompts, same run, one system at a time: bench/serve.py (streamed chat completions, fixed output
 length with `ignore_eos`, text only) at each concurrency level. Reports TTFT, TPOT, throughput per
@@ -35,12 +37,7 @@ SYSTEMS = ("sglang", "omni-builtin", "omni-sglang")
 
 
 def server_command(system: str, model_dir: Path, text_dir: Path, port: int, max_seqs: int) -> list[str]:
-    if system == "sglang":
-        return [PY, "-m", "sglang.launch_server", "--model-path", str(text_dir), "--load-format", "dummy",
-                "--port", str(port), "--host", "127.0.0.1", "--dtype", "bfloat16", "--attention-backend", "triton",
-                "--max-running-requests", str(max_seqs), "--cuda-graph-max-bs-decode", str(max_seqs),
-                "--mem-fraction-static", "0.7", "--disable-radix-cache", "--context-length", "4096",
-                "--log-level", "warning"]
+    """omnid's command for an omni system (SGLang alone runs in-process: `run_sglang_alone`)."""
     sets = [f"{s}.{field}" for s in ("thinker", "audio_encoder", "vision_encoder")
             for field in ("device=cuda", "args.dtype=bfloat16")]
     sets += [f"thinker.args.max_num_seqs={max_seqs}", "thinker.args.max_model_len=4096", "thinker.start_timeout_s=480"]
@@ -76,7 +73,31 @@ class Peer:
         model_dir = write_random_model_dir(self.out / "model")
         return model_dir, export_thinker_text(model_dir, self.out / "text", weights=False)
 
+    def run_sglang_alone(self, text_dir: Path, share: float) -> None:
+        cmd = [PY, str(ROOT / "bench/sglang_engine_load.py"), "--model-path", str(text_dir), "--concurrency",
+               self.args.concurrency, "--max-tokens", str(self.args.max_tokens), "--prompt-set", self.args.prompt_set,
+               "--warmup", str(self.args.warmup), "--out", str(self.out / "sglang.json")]
+        if self.args.requests:
+            cmd += ["--requests", str(self.args.requests)]
+        phase = {"system": "sglang", "bench": shlex.join(cmd)}
+        self.phases.append(phase)
+        limit = min(share, self.left())
+        self.log(f"sglang: {phase['bench']} ({limit:.0f}s for it)")
+        with open(self.out / "sglang-server.log", "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
+                                    env=child_env())
+            try:
+                rc = proc.wait(timeout=max(5.0, limit))
+                phase["status"] = "ok" if rc == 0 else f"failed (rc {rc}): {last_line(self.out / 'sglang-server.log')[:300]}"
+            except subprocess.TimeoutExpired:
+                phase["status"] = "timed out"
+            finally:
+                phase["stop"] = kill_group(proc, grace=10)
+        self.log(f"sglang: {phase['status']}")
+
     def run_system(self, system: str, model_dir: Path, text_dir: Path, share: float) -> None:
+        if system == "sglang":
+            return self.run_sglang_alone(text_dir, share)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         cmd = server_command(system, model_dir, text_dir, port, max(self.levels))

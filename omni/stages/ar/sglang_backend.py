@@ -30,10 +30,12 @@ Mapping:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import queue
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -82,13 +84,22 @@ def hidden_rows(items: list) -> list[list[float]]:
     return rows
 
 
-def split_taps(rows: list[list[float]], tap_layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
+def split_taps(rows: list[list[float]], tap_layers: tuple[int, ...], hidden_size: int | None = None) -> dict[int, torch.Tensor]:
     """Rows of concat(tap_a, tap_b, ...) (ascending layers, as the taps model packs them) -> {tap: [n, H]}."""
     data = torch.tensor(rows, dtype=torch.float32)
     layers = sorted(tap_layers)
-    if data.shape[-1] % len(layers):
-        raise RuntimeError(f"hidden-state rows of width {data.shape[-1]} do not split into {len(layers)} taps")
+    want = len(layers) * hidden_size if hidden_size else None
+    if data.shape[-1] % len(layers) or (want and data.shape[-1] != want):
+        raise RuntimeError(f"SGLang returned hidden-state rows of width {data.shape[-1]}, not {len(layers)} taps"
+                           + (f" x {hidden_size}" if hidden_size else "") + ": is the taps model class in use?")
     return dict(zip(layers, data.chunk(len(layers), dim=-1)))
+
+
+def config_hidden_size(model_path: str) -> int | None:
+    try:
+        return int(json.loads((Path(model_path) / "config.json").read_text())["hidden_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class SGLangEngine:
@@ -100,6 +111,7 @@ class SGLangEngine:
         self.config = config
         self.poll_s = poll_s
         self.tap_layers = tuple(config.tap_layers)
+        self.hidden_size = config_hidden_size(model_path)
         args: dict[str, Any] = {"model_path": model_path, "max_running_requests": config.max_num_seqs,
                                 "context_length": config.max_model_len, "skip_tokenizer_init": True,
                                 "cuda_graph_max_bs_decode": config.max_num_seqs, "log_level": "error"}
@@ -211,7 +223,7 @@ class SGLangEngine:
         start = state["rows"]
         state["rows"] = start + len(rows)
         known = state["prompt"] + state["outputs"]
-        taps = split_taps(rows, self.tap_layers)
+        taps = split_taps(rows, self.tap_layers, self.hidden_size)
         if res.taps:  # a second chunk in the same step: append
             res.taps = {t: torch.cat([res.taps[t], taps[t]]) for t in taps}
         else:
