@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # On the machine where SGLang kit part a was installed by the previous call: part b, the SGLang
-# GPU tests, then SGLang alone for the peer table (its offline Engine; its HTTP server does not
+# GPU tests, then SGLang alone and omnid on the SGLang backend for the peer table (SGLang alone as its offline Engine: its HTTP server does not
 # import on this image). -> $OUT/r2.tgz
 set -uo pipefail
 export PYTHONUNBUFFERED=1 R=/tmp/r2
 mkdir -p $R
 SGLKIT_REQUIRE="a b" bash .sglkit/install.sh .sglkit/b > $R/sglkit_b.log 2>&1 || { cat $R/sglkit_b.log; exit 3; }
 export PYTHONPATH=/tmp/site:$PWD/.sglkit/shim:/tmp/whl:$PWD
-timeout 200 python3 -m pytest -q -o addopts="" -m gpu -p no:cacheprovider -rA -s tests/test_sglang_gpu.py \
+timeout 170 python3 -m pytest -q -o addopts="" -m gpu -p no:cacheprovider -rA -s tests/test_sglang_gpu.py \
   > $R/sglang_tests.log 2>&1; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|sglang engine up|first generate|teacher|tap |pool|Error" $R/sglang_tests.log | tail -30
-timeout 280 python3 bench/sglang_peer.py --out-dir /tmp/peer --systems sglang --budget-s 270 \
+timeout 370 python3 bench/sglang_peer.py --out-dir /tmp/peer --systems sglang,omni-sglang --budget-s 360 \
   > $R/peer.log 2>&1; tail -25 $R/peer.log
 cp /tmp/peer/*.json /tmp/peer/*.md /tmp/peer/*.log $R/ 2>/dev/null
 tar czf $OUT/r2.tgz -C /tmp r2
