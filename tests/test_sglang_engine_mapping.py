@@ -49,13 +49,15 @@ class FakeEngine:
 
     async def _gen(self, prompt, sampling, hidden):
         n, outs, rows = sampling["max_new_tokens"], [], []
+        cached = 777 in prompt  # a prefix-cache hit: SGLang computes (and returns) the last row only
         forever = sampling.get("ignore_eos") and n >= 1000
         k = 0
         while forever or k < n:
             outs.append((sum(prompt) + 7 * k) % 97)
             if hidden:
                 if k == 0:
-                    rows.append([[float(p), p + 0.5] for p in range(len(prompt))])
+                    first = len(prompt) - 1 if cached else 0
+                    rows.append([[float(p), p + 0.5] for p in range(first, len(prompt))])
                 else:
                     pos = len(prompt) + k - 1
                     rows.append([float(pos), pos + 0.5])
@@ -179,3 +181,16 @@ def test_stage_turns_engine_errors_into_request_errors(fake_sglang, tmp_path):
     finally:
         stage.teardown()
     assert stage.engine._sgl.shut
+
+
+def test_missing_prompt_rows_fail_the_request(fake_sglang):
+    eng = sglang_backend.SGLangEngine("/model", EngineConfig(max_num_seqs=4, max_model_len=64, tap_layers=TAPS))
+    try:
+        assert eng._sgl.kwargs["disable_radix_cache"]  # taps need every prompt row computed
+        eng.add_request("hit", [777, 1, 2, 3], SamplingParams(temperature=0.0, max_tokens=4), return_hidden=True)
+        outs = run_to_end(eng, ["hit"])
+        assert "1 hidden-state rows for a 4-token prompt" in outs["hit"][-1].error
+        assert not any(o.taps for o in outs["hit"])
+        assert eng._sgl.tokenizer_manager.aborted == ["hit"]
+    finally:
+        eng.shutdown()

@@ -141,10 +141,11 @@ def taps_server_args(tap_layers) -> dict[str, Any]:
     concatenation of the residual stream entering `tap_layers` (ascending)."""
     os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = TAPS_MODEL_PACKAGE
     os.environ[TAP_LAYERS_ENV] = ",".join(str(t) for t in sorted(tap_layers))
-    # SGLang 0.5.17's piecewise prefill CUDA graphs return one row per prompt instead of every
-    # prompt row when hidden states are asked for (seen on the H200, 2026-11-30): prefill runs eagerly
+    # Radix (prefix) caching off: a cached prefix is not recomputed, so its rows would be missing
+    # (seen on the H200, 2026-11-30: a repeated prompt came back with one row, its last token's).
+    # Prefill eagerly: how SGLang's piecewise prefill graphs treat the captured layers is untested.
     return {"json_model_override_args": json.dumps({"architectures": [TAPS_ARCHITECTURE]}),
-            "enable_return_hidden_states": True, "disable_prefill_cuda_graph": True}
+            "enable_return_hidden_states": True, "disable_radix_cache": True, "disable_prefill_cuda_graph": True}
 
 
 async def pool_usage(engine) -> dict[str, int]:

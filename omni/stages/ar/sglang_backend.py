@@ -70,6 +70,10 @@ def sglang_sampling(params: SamplingParams, max_new_tokens: int) -> dict[str, An
     return out
 
 
+class TapsMissing(RuntimeError):
+    """SGLang's hidden-state rows do not cover what the taps need."""
+
+
 def hidden_rows(items: list) -> list[list[float]]:
     """SGLang's per-request hidden states (a list of prefill chunks, each a list of rows, and of
     single decode rows) as one row per position, in order."""
@@ -194,7 +198,11 @@ class SGLangEngine:
             if "error" in chunk:
                 res.error, res.finished, res.finish_reason = chunk["error"], True, "error"
             else:
-                self._apply_chunk(state, chunk, res)
+                try:
+                    self._apply_chunk(state, chunk, res)
+                except TapsMissing as exc:  # end the request with the reason; SGLang stops it
+                    res.error, res.finished, res.finish_reason = str(exc), True, "error"
+                    asyncio.run_coroutine_threadsafe(self._abort(rid, state["task"]), self._loop).result(10)
             if res.finished:
                 del self._live[rid]
         return list(outs.values())
@@ -221,6 +229,9 @@ class SGLangEngine:
         if not rows:
             return
         start = state["rows"]
+        if start == 0 and len(rows) < len(state["prompt"]):
+            raise TapsMissing(f"SGLang returned {len(rows)} hidden-state rows for a {len(state['prompt'])}-token "
+                              "prompt (a prefix-cache hit computes no rows: is radix caching on?)")
         state["rows"] = start + len(rows)
         known = state["prompt"] + state["outputs"]
         taps = split_taps(rows, self.tap_layers, self.hidden_size)
