@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 import traceback
 from typing import Any
 
@@ -42,6 +43,8 @@ class StageDriver:
         self.completed = 0
         self.aborted = 0
         self.failed = 0
+        self.steps = 0
+        self.step_seconds = 0.0  # wall time inside stage.step(): where a pipeline's time goes
 
     # ---- compute thread -----------------------------------------------------------------
 
@@ -80,6 +83,7 @@ class StageDriver:
             self._inbox.popleft()
             self._apply(item, emits, credits)
         if self.stage.has_work():
+            t0 = time.perf_counter()
             try:
                 emits.extend(self.stage.step())
             except Exception as exc:
@@ -87,6 +91,8 @@ class StageDriver:
                 for rid in list(self._live):
                     emits.append(Emit(rid, error=f"{type(exc).__name__} in stage {self.spec.name}: {exc}"))
                     self._abort(rid, [])
+            self.steps += 1
+            self.step_seconds += time.perf_counter() - t0
         for emit in emits:
             if (emit.finish or emit.error is not None) and emit.rid in self._live:
                 self._retire(emit.rid)
@@ -187,4 +193,6 @@ class StageDriver:
             "completed": self.completed,
             "aborted": self.aborted,
             "failed": self.failed,
+            "steps": self.steps,
+            "step_seconds": round(self.step_seconds, 6),
         }

@@ -210,5 +210,5 @@ class TalkerStage(ARStage):
 
     def stats(self) -> dict[str, Any]:
         graphs = getattr(self.model, "predictor_graphs", None)
-        extra = {"predictor": graphs.stats()} if graphs is not None else {}
+        extra = {f"predictor_{k}": v for k, v in graphs.stats().items()} if graphs is not None else {}
         return {**super().stats(), "streams": len(self._streams), **extra}
