@@ -4,7 +4,8 @@ cache, and a dense or sparse (top-k routed, no shared expert) SwiGLU MLP.
 Parameter names follow the checkpoint (`self_attn.q_proj`, `mlp.gate`, ...) so loading is a
 name-for-name copy; the routed experts are kept stacked ([E, 2I, H] gate+up, [E, H, I] down).
 Maths as transformers' Qwen3-Omni thinker: RMSNorm in float32, softmax over all experts then
-top-k, renormalised when `norm_topk_prob`.
+top-k, renormalised when `norm_topk_prob`. On CUDA with triton the norms, q/k norm + RoPE and
+the routing run as fused kernels (`fused_ops`; OMNI_FUSED_OPS=0 keeps the plain torch ops).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni.models.qwen3_omni import fused_ops
 from omni.models.qwen3_omni.config import DecoderConfig
 from omni.models.qwen3_omni.moe_routed import routed_experts
 from omni.models.qwen3_omni.rope import apply_rope
@@ -28,10 +30,22 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fused(x):
+            return fused_ops.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): one kernel on the fused path."""
+        if self._fused(x) and residual.dtype == x.dtype:
+            return fused_ops.rms_norm(x, self.weight, self.eps, residual=residual)
+        summed = residual + x
+        return self(summed), summed
+
+    def _fused(self, x: torch.Tensor) -> bool:
+        return fused_ops.enabled(x) and self.weight.dtype == x.dtype
 
 
 class Attention(nn.Module):
@@ -48,10 +62,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(t, self.heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(t, self.kv_heads, self.head_dim))
+        q = self.q_proj(x).view(t, self.heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if fused_ops.enabled(x) and self.q_norm.weight.dtype == self.k_norm.weight.dtype == cos.dtype == sin.dtype == x.dtype:
+            q, k = fused_ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin)
+        else:
+            q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
         out = batch.attend(self.layer, q, k, v, scale=self.head_dim**-0.5)
         return self.o_proj(out.reshape(t, self.heads * self.head_dim))
 
@@ -108,12 +125,19 @@ class SparseMoE(nn.Module):
         self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
         self.act = ACTIVATIONS[cfg.hidden_act]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probs = F.linear(x, self.gate.weight).softmax(-1, dtype=torch.float)
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Routing weights [T, k] (x's dtype) and expert ids [T, k], best first."""
+        logits = F.linear(x, self.gate.weight)
+        if fused_ops.enabled(x):
+            return fused_ops.route_topk(logits, self.top_k, self.norm_topk, x.dtype)
+        probs = logits.softmax(-1, dtype=torch.float)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
         if self.norm_topk:
             weights = weights / weights.sum(-1, keepdim=True)
-        weights = weights.to(x.dtype)
+        return weights.to(x.dtype), chosen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = self.route(x)
         if x.is_cuda:  # no host syncs (CUDA graphs)
             return routed_experts(x, weights, chosen, self.experts.gate_up_proj, self.experts.down_proj, self.act)
         if _grouped_mm_ok(x):
@@ -153,8 +177,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, batch)
+        h, x = self.post_attention_layernorm.add_forward(attn, x)
+        return x + self.mlp(h)
 
 
 def text_state_dict(state: dict[str, torch.Tensor], cfg: DecoderConfig) -> dict[str, torch.Tensor]:

