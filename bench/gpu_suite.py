@@ -97,7 +97,7 @@ class Suite:
         for ar in ("thinker", "talker"):  # KV for `seqs` sequences of up to max_model_len 4096, graphs up to `seqs`
             sets += [f"{ar}.args.cuda_graphs=true", f"{ar}.args.max_num_seqs={seqs}",
                      f"{ar}.args.cuda_graph_max_batch={seqs}", f"{ar}.args.num_blocks={a.kv_blocks}"]
-        return sets + [f"thinker.args.attention_backend={a.thinker_attention}"]
+        return sets + [f"thinker.args.attention_backend={a.thinker_attention}"] + list(a.extra_set)
 
     def start_omnid(self, model_dir: Path) -> bool:
         port = free_port()
@@ -226,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--thinker-attention", default="triton", choices=("torch", "triton"))
     ap.add_argument("--no-prewarm", dest="prewarm", action="store_false")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--set", dest="extra_set", action="append", default=[], metavar="STAGE.FIELD=VALUE",
+                    help="more omnid overrides, e.g. thinker.args.backend=sglang")
     ap.add_argument("--hf-requests", type=int, default=2)
     ap.add_argument("--budget-s", type=float, default=390.0)
     ap.add_argument("--start-limit-s", type=float, default=180.0)
