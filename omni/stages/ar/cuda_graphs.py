@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from omni.stages.ar.attention import AttentionMetadata
+from omni.stages.ar.graph_inputs import GraphDecodeStep, StagedInputs, decode_rows, numpy_dtype
 from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput
 
 log = logging.getLogger("omni.ar.cuda_graphs")
@@ -48,6 +49,7 @@ class _Static:
 
     batch: ForwardBatch
     k_pos: torch.Tensor
+    staged: StagedInputs
     graph: Any = None
     out: ForwardOutput | None = None
 
@@ -90,15 +92,44 @@ class DecodeGraphs:
 
     def run(self, batch: ForwardBatch) -> ForwardOutput | None:
         """The step's outputs (rows of the real batch only), or None to run it eagerly."""
-        n = batch.num_tokens
-        key = self._key(batch)
-        static = self.statics.get(key)
+        static = self._static(self._key(batch), batch.inputs_embeds)
         if static is None:
-            static = self._new_static(key, batch)
-            if self.capture and not self._capture(static):
-                return None
-            self.statics[key] = static
+            return None
         self._fill(static, batch)
+        return self.replay(GraphDecodeStep(batch.spans, static, batch.num_tokens))
+
+    def prepare_decode(self, scheduled: list, tap_layers: tuple[int, ...]) -> GraphDecodeStep | None:
+        """The fast path of a decode step (one token per sequence, `scheduled` from the
+        scheduler): its inputs go straight into the static buffers through the host mirror.
+        None when the step does not fit (too big, mixed embeddings, graphs off): run it the
+        general way."""
+        n = len(scheduled)
+        if self.disabled is not None or n > self.max_batch or any(s.num_tokens != 1 for s in scheduled):
+            return None
+        spans, ids, slots, lens, positions, embeds, tables = decode_rows(self.model, scheduled, self.block_size)
+        has_embeds = embeds[0] is not None
+        if any((e is not None) != has_embeds for e in embeds):
+            return None  # some rows embed their ids, some do not: the general path merges them
+        pos = torch.cat(positions, dim=-1) if n > 1 else positions[0]
+        if numpy_dtype(pos.dtype) is None:
+            return None
+        key = (_bucket(n, self.sizes), self._ctx_blocks_for(max(lens)), tuple(tap_layers), has_embeds,
+               tuple(pos.shape[:-1]), pos.dtype)
+        emb = (torch.cat(embeds) if n > 1 else embeds[0]) if has_embeds else None
+        static = self._static(key, emb)
+        if static is None:
+            return None
+        static.staged.write(ids, slots, lens, pos.cpu().numpy(), tables)
+        if emb is not None:
+            s = static.batch.inputs_embeds
+            s[:n].copy_(emb)
+            if n < s.shape[0]:
+                s[n:].zero_()
+        return GraphDecodeStep(spans, static, n)
+
+    def replay(self, step: GraphDecodeStep) -> ForwardOutput:
+        """Run the step's graph (or, on CPU, its padded body); outputs of the real rows only."""
+        static, n = step.static, step.num_tokens
         if static.graph is not None:
             static.graph.replay()
             out = static.out
@@ -112,10 +143,10 @@ class DecodeGraphs:
                 "decode_graph_steps": self.num_replays, "graphs_disabled": self.disabled}
 
     # ---- shapes -----------------------------------------------------------------------
-    def _ctx_blocks(self, batch: ForwardBatch) -> int:
+    def _ctx_blocks_for(self, max_seq_len: int) -> int:
         if self.decode_kernel is not None:
             return self.max_blocks  # the kernel reads only each sequence's own blocks
-        need = -(-batch.attn.max_seq_len // self.block_size)
+        need = -(-max_seq_len // self.block_size)
         blocks = MIN_CTX_BLOCKS
         while blocks < need:
             blocks *= 2
@@ -123,17 +154,29 @@ class DecodeGraphs:
 
     def _key(self, batch: ForwardBatch) -> tuple:
         pos = batch.positions
-        return (_bucket(batch.num_tokens, self.sizes), self._ctx_blocks(batch), tuple(batch.tap_layers),
+        return (_bucket(batch.num_tokens, self.sizes), self._ctx_blocks_for(batch.attn.max_seq_len),
+                tuple(batch.tap_layers),
                 batch.inputs_embeds is not None, tuple(pos.shape[:-1]), pos.dtype)
 
-    def _new_static(self, key: tuple, like: ForwardBatch) -> _Static:
+    def _static(self, key: tuple, embeds_like: torch.Tensor | None) -> _Static | None:
+        """The key's static buffers (and graph, captured on first use); None if capture failed."""
+        static = self.statics.get(key)
+        if static is None:
+            static = self._new_static(key, embeds_like)
+            if self.capture and not self._capture(static):
+                return None
+            self.statics[key] = static
+        return static
+
+    def _new_static(self, key: tuple, embeds_like: torch.Tensor | None) -> _Static:
         size, ctx_blocks, taps, embeds, pos_lead, pos_dtype = key
         dev, bs = self.device, self.block_size
         max_seq = ctx_blocks * bs
+        staged = StagedInputs(size, ctx_blocks, pos_lead, pos_dtype, self.scratch_block, bs, dev)
         attn = AttentionMetadata(
-            slot_mapping=torch.full((size,), self.scratch_block * bs, dtype=torch.long, device=dev),
-            block_tables=torch.full((size, ctx_blocks), self.scratch_block, dtype=torch.long, device=dev),
-            seq_lens=torch.ones(size, dtype=torch.long, device=dev),
+            slot_mapping=staged.dev["slot_mapping"],
+            block_tables=staged.dev["block_tables"],
+            seq_lens=staged.dev["seq_lens"],
             query_lens=[1] * size,
             pad_rows=torch.arange(size, device=dev),
             attn_mask=torch.zeros(size, 1, 1, max_seq, dtype=torch.bool, device=dev),
@@ -143,22 +186,23 @@ class DecodeGraphs:
         )
         inputs_embeds = None
         if embeds:
-            inputs_embeds = torch.zeros(size, like.inputs_embeds.shape[-1], dtype=like.inputs_embeds.dtype, device=dev)
+            inputs_embeds = torch.zeros(size, embeds_like.shape[-1], dtype=embeds_like.dtype, device=dev)
         batch = ForwardBatch(
-            input_ids=torch.zeros(size, dtype=torch.long, device=dev),
-            positions=torch.zeros(*pos_lead, size, dtype=pos_dtype, device=dev),
+            input_ids=staged.dev["input_ids"],
+            positions=staged.dev["positions"],
             inputs_embeds=inputs_embeds,
             spans=[],
             attn=attn,
             kv_cache=self.kv_cache,
             tap_layers=taps,
         )
-        return _Static(batch, torch.arange(max_seq, device=dev))
+        return _Static(batch, torch.arange(max_seq, device=dev), staged)
 
     def _fill(self, static: _Static, batch: ForwardBatch) -> None:
         """Copy the step's inputs into the static buffers; padding rows point at the scratch slot."""
         s, n, bs = static.batch, batch.num_tokens, self.block_size
         a, src = s.attn, batch.attn
+        static.staged.invalidate()  # written directly here, not through the host mirror
         s.input_ids[:n].copy_(batch.input_ids)
         s.input_ids[n:].zero_()
         s.positions[..., :n].copy_(batch.positions)

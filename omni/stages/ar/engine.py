@@ -130,8 +130,11 @@ class AREngine:
         token_ids: list[int] = []
         extras: list[dict] | None = None
         if sampling:
-            rows = torch.tensor([s.row + s.num_tokens - 1 for s in sampling], device=out.hidden.device)
-            hidden = out.hidden[rows]
+            rows = [s.row + s.num_tokens - 1 for s in sampling]
+            if rows[-1] == len(rows) - 1:  # rows 0..n-1 (every decode step): no gather
+                hidden = out.hidden[: len(rows)]
+            else:
+                hidden = out.hidden[torch.tensor(rows, device=out.hidden.device)]
             logits = self.runner.logits(hidden)
             seqs = [s.seq for s in sampling]
             token_ids = self.sampler(logits, seqs)

@@ -12,6 +12,7 @@ import torch
 from typing import Callable
 
 from omni.stages.ar.attention import AttentionMetadata
+from omni.stages.ar.graph_inputs import GraphDecodeStep
 from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput, SeqSpan
 from omni.stages.ar.scheduler import ScheduledSeq
 
@@ -26,7 +27,13 @@ class ModelRunner:
         self.graphs = graphs  # DecodeGraphs or None
         self.decode_kernel = decode_kernel
 
-    def prepare(self, scheduled: list[ScheduledSeq], tap_layers: tuple[int, ...]) -> ForwardBatch:
+    def prepare(self, scheduled: list[ScheduledSeq], tap_layers: tuple[int, ...]) -> ForwardBatch | GraphDecodeStep:
+        """The step's inputs: a decode step that fits a graph goes straight into its static
+        buffers (`GraphDecodeStep`); anything else becomes a flat `ForwardBatch`."""
+        if self.graphs is not None:
+            step = self.graphs.prepare_decode(scheduled, tap_layers)
+            if step is not None:
+                return step
         ids: list[int] = []
         slots: list[int] = []
         spans: list[SeqSpan] = []
@@ -69,7 +76,9 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, batch: ForwardBatch) -> ForwardOutput:
+    def run(self, batch: ForwardBatch | GraphDecodeStep) -> ForwardOutput:
+        if isinstance(batch, GraphDecodeStep):
+            return self.graphs.replay(batch)
         if self.graphs is not None and self.graphs.can_run(batch):
             out = self.graphs.run(batch)
             if out is not None:
