@@ -17,6 +17,7 @@ generated codes only, as transformers does for a talker prompted with embeddings
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,9 +38,12 @@ from omni.models.qwen3_omni.talker_layers import (
     SharedExpertMoE,
     load_weights,
     rope_inv_freq,
+    tied_router_experts,
 )
 from omni.models.qwen3_omni.weights import CheckpointError, checkpoint_files, load_state_dict
 from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput, KVCacheSpec
+
+log = logging.getLogger("omni.talker")
 
 SUPPRESSED_SPAN = 1024  # the talker never samples [vocab - 1024, vocab) except codec EOS
 
@@ -136,9 +140,18 @@ class TalkerModel(nn.Module, ARModel):
         """`tensors`: checkpoint names under `talker.` (prefix stripped); `tts_thinker_rows`:
         the thinker's input embeddings of tts_bos, tts_eos, tts_pad ([3, thinker H])."""
         load_weights(self, tensors, "")
+        ties = self.router_ties()
+        if ties:
+            log.warning("talker router rows repeat (layer: tied experts) %s: expert choice is a top-k tie "
+                        "broken differently on CPU and CUDA, so codes will differ by device", ties)
         with torch.no_grad():
             rows = tts_thinker_rows.to(self.tts_embeds.device, self.tts_embeds.dtype)
             self.tts_embeds.copy_(self.text_projection(rows))
+
+    def router_ties(self) -> dict[int, int]:
+        """{layer: experts whose router row repeats another's} (see `tied_router_experts`)."""
+        counts = {i: tied_router_experts(layer.mlp.gate.weight) for i, layer in enumerate(self.model.layers)}
+        return {i: n for i, n in counts.items() if n}
 
     def parts(self) -> TalkerParts:
         return TalkerParts(

@@ -107,6 +107,19 @@ class SharedExpertMoE(nn.Module):
         return out.reshape(shape)
 
 
+def tied_router_experts(router_weight: torch.Tensor) -> int:
+    """How many experts' router rows repeat another expert's row ([E, H] -> count).
+
+    Such experts get the same score for every token, so choosing among them is an exact tie
+    that `torch.topk` breaks in a device-specific order (on CUDA the lowest index first, on
+    CPU not): the same checkpoint then routes, and speaks, differently on CPU and CUDA.
+    Trained checkpoints have none; an all-zero router (transformers' init of the talker's
+    router, kept by a tiny random checkpoint that does not refill it) ties every expert.
+    """
+    rows = router_weight.detach().float().cpu()
+    return int(rows.shape[0] - torch.unique(rows, dim=0).shape[0])
+
+
 class ResizeMLP(nn.Module):
     """Thinker width -> talker width (`text_projection`, `hidden_projection`)."""
 
