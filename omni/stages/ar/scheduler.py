@@ -99,10 +99,11 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if not self.ready(seq) or seq.num_uncomputed_tokens == 0:
+            left = seq.num_uncomputed_tokens
+            if left == 0 or not self.ready(seq):
                 i += 1
                 continue
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = min(left, budget)
             if not self._make_room(seq, seq.num_computed_tokens + n, out):
                 break  # `seq` itself was preempted; everything after it already was
             out.scheduled.append(ScheduledSeq(seq, n))
@@ -132,6 +133,8 @@ class Scheduler:
 
     def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
         """Allocate blocks for `seq`, preempting the newest running sequences if needed."""
+        if self.blocks.blocks_needed(seq, num_tokens) == 0:
+            return True  # most decode steps: the last block still has room
         while not self.blocks.can_allocate(seq, num_tokens):
             victim = self.running[-1]
             self._preempt(victim)
