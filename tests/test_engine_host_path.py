@@ -37,6 +37,9 @@ def _write(staged, tables, lens):
     pos = np.arange(n, dtype=np.float32)[None].repeat(3, 0) + 5
     staged.write(ids, slots, lens, pos, tables)
     dev = staged.dev
+    if staged.cuda:
+        torch.cuda.synchronize()  # the copies are non-blocking
+    dev = {k: v.cpu() for k, v in dev.items()}
     assert dev["input_ids"].tolist() == ids + [0] * (staged.size - n)
     assert dev["slot_mapping"].tolist() == slots + [SCRATCH * BS] * (staged.size - n)
     assert dev["seq_lens"].tolist() == lens + [1] * (staged.size - n)
@@ -44,8 +47,8 @@ def _write(staged, tables, lens):
     np.testing.assert_array_equal(dev["block_tables"].numpy(), _expected(tables, staged.size, staged.ctx_blocks))
 
 
-def test_staged_inputs_track_tables_incrementally():
-    staged = StagedInputs(4, 6, (3,), torch.float32, SCRATCH, BS, torch.device("cpu"))
+def _check_staged(device: str):
+    staged = StagedInputs(4, 6, (3,), torch.float32, SCRATCH, BS, torch.device(device))
     a, b, c = [0, 1], [2], [3, 4, 5]
     _write(staged, [a, b, c], [6, 3, 12])
     a.append(6)  # a block appended: only that row changes
@@ -60,6 +63,15 @@ def test_staged_inputs_track_tables_incrementally():
     staged.dev["block_tables"].fill_(0)  # written behind the mirror (the general _fill path)
     staged.invalidate()
     _write(staged, [a], [9])
+
+
+def test_staged_inputs_track_tables_incrementally():
+    _check_staged("cpu")
+
+
+@pytest.mark.gpu
+def test_staged_inputs_on_cuda_pinned_and_async():
+    _check_staged("cuda")
 
 
 class EmbedsThinker(Qwen3OmniThinker):
