@@ -9,7 +9,9 @@ in the CPU tests. Also counts the aten ops dispatched per step (each one a kerne
 H2D copy on a GPU).
 
 Run:  python bench/engine_host_overhead.py [--batch 1,16,64] [--steps 200] [--no-graphs]
-          [--device cpu] [--json out.json]
+          [--device cpu|cuda] [--json out.json]
+On CUDA the graphs are captured for real and the phases are host time (launches are async);
+`total` includes the step's one sync (the sampled ids coming back).
 """
 
 from __future__ import annotations
