@@ -3,8 +3,8 @@
 The model returns preallocated outputs of the right shapes, so what is timed is only the
 engine's own Python and small tensor work: schedule, prepare (the step's inputs), fill (the
 graph's static buffers, when graphs are on), forward (the no-op plus the graph runner's glue),
-sample (logits, sampler, `after_sample`) and postprocess (the rest of `step`). It runs on CPU:
-with `--graphs` the padded fixed-shape path that CUDA graphs replay runs eagerly, exactly as
+sample (logits, sampler, `after_sample`) and postprocess (the rest of `step`). On CPU, graphs on
+(the default) run the padded fixed-shape path that CUDA graphs replay eagerly, exactly as
 in the CPU tests. Also counts the aten ops dispatched per step (each one a kernel launch or an
 H2D copy on a GPU).
 
