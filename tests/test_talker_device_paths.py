@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,11 +75,11 @@ def chat(text: str) -> list[int]:
     return [s, IDS["user"], nl] + list(text.encode()) + [e, nl, s, IDS["assistant"], nl]
 
 
-def talker_codes(ckpt: str, speaker: str, frames: int = 6) -> np.ndarray:
+def talker_codes(ckpt: str, speaker: str, frames: int = 6, device: str = "cpu") -> np.ndarray:
     """Greedy codes of a talker fed seeded thinker rows (the prompt + 8 generated tokens)."""
-    model = TalkerModel.from_checkpoint(ckpt)
+    model = TalkerModel.from_checkpoint(ckpt, device=device)
     stage = TalkerStage(StageContext("talker", args={"model": model, "num_blocks": 64, "block_size": 8,
-                                                        "max_model_len": 256}))
+                                                        "max_model_len": 256, "device": device}, device=device))
     stage.setup()
     prompt = chat("hello there, how are you?")
     width = model.cfg.talker.thinker_hidden_size
@@ -135,3 +137,29 @@ def test_codes_do_not_depend_on_tie_order_once_the_router_is_filled(filled, spea
                                        "remove this marker with that fix")
 def test_make_tiny_fills_the_talker_router(made):
     assert TalkerModel.from_checkpoint(made).router_ties() == {}
+
+
+def test_parity_verdict_calls_a_first_step_flip_a_bug():
+    """bench/talker_parity_gpu.py: a near-tie needs a gap within the noise before it AND < atol."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from talker_parity_gpu import verdict
+
+    assert verdict(1.14, 0.0, 1e-3).startswith("bug")  # the H200 case: first step, no noise yet
+    assert verdict(5e-4, 1e-6, 1e-3).startswith("bug")  # small, but far above the noise
+    assert verdict(0.2, 0.1, 1e-3).startswith("bug")  # within the noise, but large
+    assert verdict(2e-6, 1e-6, 1e-3).startswith("near-tie")
+    assert verdict(None, 0.0, 1e-3).startswith("unknown")
+
+
+@pytest.mark.gpu
+def test_cuda_breaks_topk_ties_lowest_index_first():
+    row = torch.full((3, 6), 1 / 6, device="cuda")
+    assert torch.equal(torch.topk(row, 2).indices.cpu(), lowest_index_topk(row.cpu(), 2).indices)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("speaker", ["ethan", "chelsie"])
+def test_cuda_codes_equal_cpu_codes_once_the_router_is_filled(filled, speaker, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    assert np.array_equal(talker_codes(filled, speaker, frames=12),
+                          talker_codes(filled, speaker, frames=12, device="cuda"))
