@@ -132,11 +132,10 @@ def test_codes_do_not_depend_on_tie_order_once_the_router_is_filled(filled, spea
     assert np.array_equal(cpu, talker_codes(filled, speaker))
 
 
-@pytest.mark.xfail(strict=True, reason="make_tiny keeps transformers' all-zero talker router (fix: "
-                                       "make_tiny.init_talker_experts must fill mlp.gate.weight too); "
-                                       "remove this marker with that fix")
-def test_make_tiny_fills_the_talker_router(made):
-    assert TalkerModel.from_checkpoint(made).router_ties() == {}
+def test_make_tiny_can_fill_the_talker_router(made, tmp_path):
+    assert TalkerModel.from_checkpoint(made).router_ties()  # the default keeps transformers' zeros
+    filled = make_tiny(tmp_path / "filled", seed=2, preset="tiny-b", fill_talker_router=True)
+    assert TalkerModel.from_checkpoint(filled).router_ties() == {}
 
 
 def test_parity_verdict_calls_a_first_step_flip_a_bug():

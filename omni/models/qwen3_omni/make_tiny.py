@@ -201,8 +201,13 @@ def build_config(preset: TinyPreset):
     )
 
 
-def make_tiny(out_dir: str | Path, seed: int = 0, preset: str = "tiny-a") -> Path:
-    """Write a tiny random Qwen3-Omni checkpoint (config, safetensors, tokenizer) to `out_dir`."""
+def make_tiny(out_dir: str | Path, seed: int = 0, preset: str = "tiny-a", fill_talker_router: bool = False) -> Path:
+    """Write a tiny random Qwen3-Omni checkpoint (config, safetensors, tokenizer) to `out_dir`.
+
+    transformers leaves the talker's router all zeros, so every talker expert choice is an exact
+    top-k tie, which CPU and CUDA break differently (CPU here picks other experts than CUDA's lowest
+    index first): comparisons across devices need `fill_talker_router=True`. The default keeps the
+    zero router because the CPU tests' reference prompts were chosen on those checkpoints."""
     import torch
     from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
     from transformers.utils import logging as hf_logging
@@ -218,6 +223,8 @@ def make_tiny(out_dir: str | Path, seed: int = 0, preset: str = "tiny-a") -> Pat
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
     init_talker_experts(model, seed, get_preset(preset).init_range)
+    if fill_talker_router:
+        init_talker_router(model, seed, get_preset(preset).init_range)
     model.generation_config = GenerationConfig(eos_token_id=token_ids()["<|im_end|>"])
     model.save_pretrained(str(out), safe_serialization=True)
     save_tokenizer(out)
@@ -239,6 +246,18 @@ def init_talker_experts(model, seed: int, std: float) -> None:
                 param.copy_(torch.randn(param.shape, generator=gen) * std)
 
 
+def init_talker_router(model, seed: int, std: float) -> None:
+    """Fill the talker's router weights (transformers: zeros) from a generator of their own, so the
+    experts' weights stay the bytes `init_talker_experts` drew."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 104729)
+    with torch.no_grad():
+        for name, param in sorted(model.talker.named_parameters()):
+            if name.startswith("model.layers.") and name.endswith(".mlp.gate.weight"):
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+
+
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
@@ -250,8 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--preset", default="tiny-a")
+    parser.add_argument("--fill-talker-router", action="store_true",
+                        help="random talker router (zeros otherwise: device-dependent top-k ties)")
     args = parser.parse_args(argv)
-    path = make_tiny(args.out_dir, seed=args.seed, preset=args.preset)
+    path = make_tiny(args.out_dir, seed=args.seed, preset=args.preset, fill_talker_router=args.fill_talker_router)
     print(path, file=sys.stderr)
     return 0
 
