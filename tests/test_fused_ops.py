@@ -10,6 +10,8 @@ path, inside a captured CUDA graph, and the tiny thinker's greedy tokens with an
 
 from __future__ import annotations
 
+import copy
+
 import os
 import subprocess
 import sys
@@ -247,10 +249,17 @@ def test_qk_norm_rope_matches_the_eager_path_in_bf16(tokens, monkeypatch):
     cos, sin = mrope_cos_sin(inv_freq(HEAD_DIM, 1e6), positions, (24, 20, 20), torch.bfloat16)
     got = fused_ops.qk_norm_rope(q, k, qn.weight, kn.weight, EPS, cos, sin)
     ref = _eager(monkeypatch, lambda: (apply_rope(qn(q), cos, sin), apply_rope(kn(k), cos, sin)))
-    for g, r in zip(got, ref):
+    # float32 truth from the same bf16 inputs: the fused kernel rounds once at the end, the eager
+    # path after each op (on the H200 16 % of elements differed by one bf16 step), so the fused
+    # result must be at least about as close to the truth as the eager one
+    qn32, kn32 = copy.deepcopy(qn).float(), copy.deepcopy(kn).float()
+    truth = _eager(monkeypatch, lambda: (apply_rope(qn32(q.float()), cos.float(), sin.float()),
+                                         apply_rope(kn32(k.float()), cos.float(), sin.float())))
+    for g, r, t in zip(got, ref, truth):
         assert g.shape == r.shape and g.dtype == torch.bfloat16
         torch.testing.assert_close(g, r, atol=2e-2, rtol=1.6e-2)
-        assert (g != r).float().mean().item() < 0.05  # the same roundings: nearly bitwise equal
+        fused_err, eager_err = (g.float() - t).abs().max().item(), (r.float() - t).abs().max().item()
+        assert fused_err <= 1.25 * eager_err + 1e-6, (fused_err, eager_err)
 
 
 @pytest.mark.gpu
@@ -301,6 +310,9 @@ def test_fused_ops_inside_a_cuda_graph(monkeypatch):
             assert torch.equal(g, e)
 
 
+MARGIN = 0.15  # logits; bf16 near-ties (the SGLang kit's probe saw a 0.09 flip)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tiny_thinker_greedy_tokens_with_and_without_fused_ops(dtype, monkeypatch, tmp_path):
@@ -321,9 +333,28 @@ def test_tiny_thinker_greedy_tokens_with_and_without_fused_ops(dtype, monkeypatc
         thinker = Qwen3OmniThinker.from_checkpoint(ckpt, device="cuda", dtype=dtype)
         eng = AREngine(thinker, EngineConfig(block_size=16, num_blocks=32, max_model_len=256, device="cuda",
                                              cuda_graphs=True))
-        return eng.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16))
+        tokens = eng.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16))
+        assert eng.stats()["graphs"] >= 1 and eng.stats()["graphs_disabled"] is None
+        return tokens
 
     fused = run()
     assert calls, "the fused path did not run"
     plain = _eager(monkeypatch, run)
-    assert fused == plain
+    if dtype == torch.float32:
+        assert fused == plain
+        return
+    # bf16: the fused kernels round once where the eager ops round after each op, so a near-tie can
+    # flip a token (seen on the H200): every token either path chose must be within MARGIN logits of
+    # the top token under transformers' float32 thinker, teacher-forced on that path's own tokens
+    import transformers
+
+    hf = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(ckpt), dtype=torch.float32)
+    hf = hf.cuda().eval()
+    for tokens in (fused, plain):
+        for prompt, out in zip(prompts, tokens):
+            seq = torch.tensor([prompt + out], device="cuda")
+            with torch.no_grad():
+                logits = hf.thinker(input_ids=seq, attention_mask=torch.ones_like(seq)).logits[0].float()
+            steps = logits[len(prompt) - 1 : len(prompt) - 1 + len(out)]
+            chosen = steps.gather(1, torch.tensor(out, device="cuda")[:, None])[:, 0]
+            assert (steps.max(dim=1).values - chosen).max().item() <= MARGIN

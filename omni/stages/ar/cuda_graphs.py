@@ -236,7 +236,11 @@ class DecodeGraphs:
                     setattr(module, name, value.to(self.device))
         self._moved = True
 
+    @torch.inference_mode()
     def _capture(self, static: _Static) -> bool:
+        """Warm up and capture. In inference mode of its own: the fast path captures from
+        `ModelRunner.prepare`, outside `run`'s; with autograd on, weights that require grad made
+        the fused kernels' in-place updates fail the capture (H200, 2026-11-30)."""
         try:
             self._tensors_to_device()
             torch.cuda.synchronize(self.device)
