@@ -134,15 +134,6 @@ def test_sampled_rows_keep_the_seeded_draws(talker):
 
 # ---- on the GPU ----------------------------------------------------------------------------
 
-@pytest.fixture
-def exact_cuda():
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
-
-
 @pytest.mark.gpu
 def test_graphs_equal_eager_on_cuda(ckpt, exact_cuda):
     talker = TalkerModel.from_checkpoint(ckpt, device="cuda")

@@ -123,15 +123,6 @@ def test_triton_kernel_matches_torch_in_the_interpreter(monkeypatch):
 
 # ---- on the GPU ----------------------------------------------------------------------------
 
-@pytest.fixture
-def exact_cuda():
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
-
-
 @pytest.mark.gpu
 def test_graphs_on_and_off_agree_on_cuda(ckpt, exact_cuda):
     model = _thinker(ckpt, "cuda")

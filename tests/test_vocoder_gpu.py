@@ -167,15 +167,6 @@ def test_float_codes_are_rejected(model):
 
 # ---- on the GPU ----------------------------------------------------------------------------
 
-@pytest.fixture
-def exact_cuda():
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
-
-
 @pytest.mark.gpu
 def test_code2wav_on_cuda_batched_equals_alone(ckpt, model, exact_cuda):
     cuda = Code2Wav.from_checkpoint(ckpt, device="cuda")

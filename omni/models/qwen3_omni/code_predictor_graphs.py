@@ -28,6 +28,7 @@ import torch
 from omni.models.qwen3_omni.code_predictor import CodePredictor
 from omni.models.qwen3_omni.talker_layers import rope_cos_sin
 from omni.stages.ar.cuda_graphs import batch_buckets
+from omni.stages.ar.graph_capture import capture_graph
 
 log = logging.getLogger("omni.qwen3.code_predictor_graphs")
 
@@ -131,19 +132,8 @@ class CodePredictorGraphs:
 
     def _capture(self, static: _Static) -> bool:
         try:
-            torch.cuda.synchronize(self.device)
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up: lazy inits and workspaces, outside the graph
-                    self._body(static)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: other stages' threads (inline mode) may use the GPU meanwhile
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                self._body(static)
-            self.pool = graph.pool()
-            static.graph = graph
+            static.graph, _ = capture_graph(lambda: self._body(static), self.device, self.pool)
+            self.pool = static.graph.pool()
             return True
         except Exception as exc:  # a kernel that cannot be captured
             self.disabled = f"{type(exc).__name__}: {exc}"

@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from omni.stages.ar.attention import AttentionMetadata
+from omni.stages.ar.graph_capture import capture_graph
 from omni.stages.ar.graph_inputs import GraphDecodeStep, StagedInputs, decode_rows, numpy_dtype
 from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput
 
@@ -236,26 +237,11 @@ class DecodeGraphs:
                     setattr(module, name, value.to(self.device))
         self._moved = True
 
-    @torch.inference_mode()
     def _capture(self, static: _Static) -> bool:
-        """Warm up and capture. In inference mode of its own: the fast path captures from
-        `ModelRunner.prepare`, outside `run`'s; with autograd on, weights that require grad made
-        the fused kernels' in-place updates fail the capture (H200, 2026-11-30)."""
         try:
             self._tensors_to_device()
-            torch.cuda.synchronize(self.device)
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up: lazy inits and workspaces, outside the graph
-                    self._body(static)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: other stages' threads (inline mode) may use the GPU meanwhile
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                static.out = self._body(static)
-            self.pool = graph.pool()
-            static.graph = graph
+            static.graph, static.out = capture_graph(lambda: self._body(static), self.device, self.pool)
+            self.pool = static.graph.pool()
             self.num_captures += 1
             return True
         except Exception as exc:  # a model that syncs the host, or a kernel that cannot be captured
