@@ -2,7 +2,8 @@
 
 Here sglang is installed without its dependencies, so its import fails: the guard must say so,
 and `backend="sglang"` must fail at stage start-up with that message, naming the stage. The
-SGLang-backed engine itself cannot run here (no usable sglang, no GPU): nothing tests it.
+SGLang-backed engine's mapping is tested with a stand-in engine (test_sglang_engine_mapping.py) and
+the real one on the GPU (test_sglang_gpu.py).
 """
 
 from __future__ import annotations
