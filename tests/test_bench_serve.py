@@ -254,9 +254,12 @@ def test_talker_parity_tells_a_near_tie_from_a_bug():
 
     base0 = [[0.0] * 5 + [1.0, 0, 0], [0.0] * 6 + [1.0, 0], [0.0] * 7 + [1.0]]
     rest = [[0.0, 1.0, 0, 0, 0], [0, 0, 1.0, 0, 0.999], [0, 0, 0, 1.0, 0]]
-    tie = compare(ref, recorder(base0, rest), got, recorder(base0, [rest[0], [0, 0, 0.999, 0, 1.0], rest[2]]))
+    noisy0 = [[0.0] * 5 + [1.0 - 5e-4, 0, 0]] + base0[1:]  # a near-tie needs noise before it as large
+    tie = compare(ref, recorder(base0, rest), got, recorder(noisy0, [rest[0], [0, 0, 0.999, 0, 1.0], rest[2]]))
     assert tie["first_diff"] == {"frame": 1, "group": 1} and tie["cpu_code"] == 2 and tie["device_code"] == 4
     assert abs(tie["cpu_margin_top1_top2"] - 0.001) < 1e-6 and tie["verdict"].startswith("near-tie")
+    quiet = compare(ref, recorder(base0, rest), got, recorder(base0, [rest[0], [0, 0, 0.999, 0, 1.0], rest[2]]))
+    assert quiet["verdict"].startswith("bug")  # the same flip with nothing differing before it
     far = [[0, 0, 1.0, 0, -5.0]]
     bug = compare(ref, recorder(base0, [rest[0], far[0], rest[2]]), got, recorder(base0, [rest[0], far[0], rest[2]]))
     assert bug["cpu_gap_to_device_choice"] == 6.0 and bug["verdict"].startswith("bug")
