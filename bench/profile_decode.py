@@ -98,8 +98,9 @@ class Scopes:
                 self.handles.append(mod.register_forward_pre_hook(lambda m, a, c=cat: self._enter(c)))
                 self.handles.append(mod.register_forward_hook(lambda m, a, o: self._exit()))
         for owner, attr, cat in ((thinker_layers, "routed_experts", "MoE experts"), (thinker_layers, "apply_rope", "rope"),
-                                 (thinker, "mrope_cos_sin", "rope"), (thinker_layers.SparseMoE, "_grouped", "MoE experts"),
-                                 (thinker_layers.SparseMoE, "_per_expert", "MoE experts")):
+                                 (thinker_layers.fused_ops, "qk_norm_rope", "rope"), (thinker, "mrope_cos_sin", "rope"),
+                                 (thinker_layers, "grouped_experts", "MoE experts"),
+                                 (thinker_layers, "per_expert", "MoE experts")):
             fn = getattr(owner, attr, None)
             if fn is not None:
                 self.patches.append((owner, attr, fn))

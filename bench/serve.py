@@ -146,25 +146,31 @@ async def one_request(session, wl: Workload, i: int) -> dict[str, Any]:
     return row
 
 
-async def run_level(wl: Workload, concurrency: int, n_requests: int, offset: int = 0) -> tuple[list[dict], float]:
-    """`concurrency` closed-loop clients share `n_requests` requests; returns rows and wall seconds."""
-    import aiohttp
-
+async def closed_loop(one, concurrency: int, n_requests: int, offset: int = 0) -> tuple[list[dict], float]:
+    """`concurrency` clients share requests offset..offset+n_requests-1, each sending its next when
+    the previous ends; `one(i)` sends request i and returns its row. Rows by index, wall seconds."""
     next_i = iter(range(offset, offset + n_requests))
     rows: list[dict] = []
+
+    async def client() -> None:
+        for i in next_i:
+            rows.append(await one(i))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    rows.sort(key=lambda r: r["index"])
+    return rows, wall
+
+
+async def run_level(wl: Workload, concurrency: int, n_requests: int, offset: int = 0) -> tuple[list[dict], float]:
+    """One level against the server: a closed loop of streamed chat requests."""
+    import aiohttp
+
     timeout = aiohttp.ClientTimeout(total=wl.timeout_s)
     connector = aiohttp.TCPConnector(limit=max(concurrency, 1) * 2)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-
-        async def client() -> None:
-            for i in next_i:
-                rows.append(await one_request(session, wl, i))
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
-    rows.sort(key=lambda r: r["index"])
-    return rows, wall
+        return await closed_loop(lambda i: one_request(session, wl, i), concurrency, n_requests, offset)
 
 
 async def detect_model(url: str, api_key: str | None) -> str:
@@ -178,20 +184,26 @@ async def detect_model(url: str, api_key: str | None) -> str:
 
 
 async def sweep(wl: Workload, levels: list[int], requests: int | None, warmup: int, keep_rows: bool) -> list[dict]:
+    return await sweep_levels(lambda c, n, offset: run_level(wl, c, n, offset), levels, requests, warmup, keep_rows)
+
+
+async def sweep_levels(run, levels: list[int], requests: int | None, warmup: int, keep_rows: bool = False) -> list[dict]:
+    """Warm-up requests, then each level: `run(concurrency, n, offset)` -> (rows, wall); summaries."""
     if warmup:
         say(f"warm-up: {warmup} request(s)")
-        await run_level(wl, 1, warmup, offset=10**6)
+        await run(1, warmup, 10**6)
     out, offset = [], 0
     for c in levels:
         n = requests or max(2 * c, 8)
         say(f"concurrency {c}: {n} requests ...")
-        rows, wall = await run_level(wl, c, n, offset)
+        rows, wall = await run(c, n, offset)
         offset += n
         summary = level_summary(rows, wall, c)
         if keep_rows:
             summary["rows"] = rows
-        say(f"  ok {summary['ok']}/{n} in {wall:.2f}s; e2e p50 {(summary['e2e_ms'] or {}).get('p50')} ms; "
-            f"ttfa p50 {(summary['ttfa_ms'] or {}).get('p50')} ms; rtf p50 {(summary['rtf'] or {}).get('p50')}")
+        say(f"  ok {summary['ok']}/{n} in {wall:.2f}s; ttft p50 {(summary['ttft_ms'] or {}).get('p50')} ms; "
+            f"e2e p50 {(summary['e2e_ms'] or {}).get('p50')} ms; ttfa p50 {(summary['ttfa_ms'] or {}).get('p50')} ms; "
+            f"rtf p50 {(summary['rtf'] or {}).get('p50')}")
         out.append(summary)
     return out
 

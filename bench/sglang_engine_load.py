@@ -25,8 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve import PROMPT_SETS  # noqa: E402
-from serve_report import level_summary, machine, now_iso, say  # noqa: E402
+from serve import PROMPT_SETS, closed_loop, sweep_levels  # noqa: E402
+from serve_report import machine, now_iso, say  # noqa: E402
 
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
@@ -59,37 +59,6 @@ async def one_request(engine, ids: list[int], max_tokens: int, i: int) -> dict[s
     return row
 
 
-async def run_level(engine, prompts: list[list[int]], max_tokens: int, concurrency: int, n: int, offset: int):
-    next_i = iter(range(offset, offset + n))
-    rows: list[dict] = []
-
-    async def client() -> None:
-        for i in next_i:
-            rows.append(await one_request(engine, prompts[i % len(prompts)], max_tokens, i))
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    rows.sort(key=lambda r: r["index"])
-    return rows, time.perf_counter() - t0
-
-
-async def sweep(engine, prompts, args, levels: list[int]) -> list[dict]:
-    if args.warmup:
-        say(f"warm-up: {args.warmup} request(s)")
-        await run_level(engine, prompts, args.max_tokens, 1, args.warmup, 10**6)
-    out, offset = [], 0
-    for c in levels:
-        n = args.requests or max(2 * c, 8)
-        say(f"concurrency {c}: {n} requests ...")
-        rows, wall = await run_level(engine, prompts, args.max_tokens, c, n, offset)
-        offset += n
-        summary = level_summary(rows, wall, c)
-        say(f"  ok {summary['ok']}/{n} in {wall:.2f}s; ttft p50 {(summary['ttft_ms'] or {}).get('p50')} ms; "
-            f"tpot p50 {(summary['tpot_ms'] or {}).get('p50')} ms")
-        out.append(summary)
-    return out
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-path", required=True)
@@ -119,7 +88,10 @@ def main(argv: list[str] | None = None) -> dict:
     say(f"sglang.Engine up in {start_s:.1f}s")
     try:
         loop = asyncio.get_event_loop()
-        result = loop.run_until_complete(sweep(engine, prompts, args, levels))
+        def run(c: int, n: int, offset: int):
+            return closed_loop(lambda i: one_request(engine, prompts[i % len(prompts)], args.max_tokens, i), c, n, offset)
+
+        result = loop.run_until_complete(sweep_levels(run, levels, args.requests, args.warmup))
     finally:
         engine.shutdown()
     report = {"command": " ".join(["python", "bench/sglang_engine_load.py", *(argv or sys.argv[1:])]),

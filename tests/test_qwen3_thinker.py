@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 from omni.kernel.errors import InvalidRequest  # noqa: E402
 from omni.models.qwen3_omni.make_tiny import make_tiny  # noqa: E402
+from omni.models.qwen3_omni.moe_routed import grouped_experts, per_expert  # noqa: E402
 from omni.models.qwen3_omni.rope import VisionGrid, rope_index  # noqa: E402
 from omni.kernel.stage import StageContext  # noqa: E402
 from omni.models.qwen3_omni.thinker import Qwen3OmniThinker  # noqa: E402
@@ -167,7 +168,8 @@ def test_moe_grouped_and_per_expert_paths_agree(pair):
     x = torch.randn(11, thinker.cfg.text.hidden_size, generator=torch.Generator().manual_seed(0))
     weights, chosen = torch.topk(torch.nn.functional.linear(x, moe.gate.weight).softmax(-1), moe.top_k)
     with torch.no_grad():
-        torch.testing.assert_close(moe._grouped(x, weights, chosen), moe._per_expert(x, weights, chosen))
+        experts = (x, weights, chosen, moe.experts.gate_up_proj, moe.experts.down_proj, moe.act)
+        torch.testing.assert_close(grouped_experts(*experts), per_expert(*experts))
 
 
 def test_thinker_stage_streams_tokens_and_taps(pair):

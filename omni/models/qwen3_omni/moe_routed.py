@@ -35,6 +35,11 @@ def grouped_ok(x: torch.Tensor) -> bool:
             and torch.cuda.get_device_capability(x.device) >= (8, 0))
 
 
+def grouped_on_cpu(x: torch.Tensor) -> bool:
+    """torch's grouped GEMM also runs on CPU (the thinker's CPU path uses `grouped_experts`)."""
+    return _GROUPED_MM is not None and x.device.type == "cpu"
+
+
 def triton_ok(x: torch.Tensor, act: Callable, forced: bool = False) -> bool:
     """The fused kernels hard-code SiLU; on CPU they run only in triton's interpreter (tests)."""
     if moe_triton.triton is None or act is not F.silu:
@@ -68,22 +73,42 @@ def routed_experts(
     which = choose_backend(x, act, backend)
     if which == "triton":
         return moe_triton.fused_routed_experts(x, weights, chosen, gate_up, down)
+    if which == "grouped":
+        return grouped_experts(x, weights, chosen, gate_up, down, act)
     top_k = chosen.shape[1]
     flat = chosen.reshape(-1)
-    if which == "grouped":
-        order = torch.argsort(flat, stable=True)
-        counts = torch.zeros(gate_up.shape[0], dtype=torch.int32, device=x.device)
-        counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-        offsets = counts.cumsum(0, dtype=torch.int32)
-        token = order // top_k
-        h = _GROUPED_MM(x[token], gate_up.transpose(1, 2), offs=offsets)
-        gate, up = h.chunk(2, dim=-1)
-        y = _GROUPED_MM(act(gate) * up, down.transpose(1, 2), offs=offsets)
-        y = y * weights.reshape(-1)[order, None].to(y.dtype)
-        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
     token = torch.arange(x.shape[0], device=x.device).repeat_interleave(top_k)
     h = torch.bmm(gate_up[flat], x[token, :, None]).squeeze(-1)  # [T*k, 2I]
     gate, up = h.chunk(2, dim=-1)
     y = torch.bmm(down[flat], (act(gate) * up)[:, :, None]).squeeze(-1)  # [T*k, H]
     y = y * weights.reshape(-1)[:, None].to(y.dtype)
     return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, gate_up: torch.Tensor,
+                    down: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Token-expert pairs sorted by expert, group offsets from a scatter-add count (no host sync),
+    one grouped GEMM per projection."""
+    flat = chosen.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(gate_up.shape[0], dtype=torch.int32, device=x.device)
+    counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offsets = counts.cumsum(0, dtype=torch.int32)
+    token = order // chosen.shape[1]
+    h = _GROUPED_MM(x[token], gate_up.transpose(1, 2), offs=offsets)
+    gate, up = h.chunk(2, dim=-1)
+    y = _GROUPED_MM(act(gate) * up, down.transpose(1, 2), offs=offsets)
+    y = y * weights.reshape(-1)[order, None].to(y.dtype)
+    return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+
+
+def per_expert(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, gate_up: torch.Tensor,
+               down: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The reference loop over the experts the batch hit (a host sync per layer: CPU only)."""
+    out = torch.zeros_like(x)
+    for expert in chosen.unique().tolist():
+        token, slot = torch.where(chosen == expert)
+        gate, up = F.linear(x[token], gate_up[expert]).chunk(2, dim=-1)
+        y = F.linear(act(gate) * up, down[expert]) * weights[token, slot, None]
+        out.index_add_(0, token, y.to(out.dtype))
+    return out

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni.models.qwen3_omni.moe_routed import routed_experts
+from omni.models.qwen3_omni.moe_routed import per_expert, routed_experts
 from omni.models.qwen3_omni.weights import CheckpointError
 from omni.models.qwen3_omni.thinker_layers import Experts, RMSNorm, Router  # shared with the thinker
 
@@ -94,17 +94,10 @@ class SharedExpertMoE(nn.Module):
         if self.norm_topk:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(logits.dtype)
-        if h.is_cuda:  # no host syncs (CUDA graphs)
-            routed = routed_experts(h, weights, chosen, self.experts.gate_up_proj, self.experts.down_proj, F.silu)
-            return (routed + torch.sigmoid(self.shared_expert_gate(h)) * shared).reshape(shape)
-        routed = torch.zeros_like(h)
-        for e in torch.unique(chosen).tolist():
-            rows, slot = torch.where(chosen == e)
-            gate, up = F.linear(h[rows], self.experts.gate_up_proj[e]).chunk(2, dim=-1)
-            out = F.linear(F.silu(gate) * up, self.experts.down_proj[e]) * weights[rows, slot, None]
-            routed.index_add_(0, rows, out.to(routed.dtype))
-        out = routed + torch.sigmoid(self.shared_expert_gate(h)) * shared
-        return out.reshape(shape)
+        experts = (h, weights, chosen, self.experts.gate_up_proj, self.experts.down_proj, F.silu)
+        # CUDA: no host syncs (CUDA graphs); CPU: the per-expert loop transformers' references match
+        routed = routed_experts(*experts) if h.is_cuda else per_expert(*experts)
+        return (routed + torch.sigmoid(self.shared_expert_gate(h)) * shared).reshape(shape)
 
 
 def tied_router_experts(router_weight: torch.Tensor) -> int:

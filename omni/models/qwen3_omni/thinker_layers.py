@@ -16,7 +16,7 @@ from torch import nn
 
 from omni.models.qwen3_omni import fused_ops
 from omni.models.qwen3_omni.config import DecoderConfig
-from omni.models.qwen3_omni.moe_routed import routed_experts
+from omni.models.qwen3_omni.moe_routed import grouped_experts, grouped_on_cpu, per_expert, routed_experts
 from omni.models.qwen3_omni.rope import apply_rope
 from omni.stages.ar.model_api import ForwardBatch
 
@@ -98,23 +98,11 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.zeros(num_experts, hidden, inner))
 
 
-_GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
-
-
-def _grouped_mm_ok(x: torch.Tensor) -> bool:
-    """torch's grouped GEMM runs on CPU, and on CUDA (SM80+) in bfloat16."""
-    if _GROUPED_MM is None:
-        return False
-    if x.device.type == "cuda":
-        return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (8, 0)
-    return x.device.type == "cpu"
-
-
 class SparseMoE(nn.Module):
     """Top-k routed experts; each token's output is the routing-weighted sum of its experts.
 
-    Token-expert pairs are sorted by expert and run as one grouped GEMM per projection (no
-    host sync, no per-expert launches) where torch has it; else one GEMM per hit expert.
+    On CUDA `moe_routed.routed_experts` (no host sync, no per-expert launches); on CPU one
+    grouped GEMM per projection where torch has it, else one GEMM per hit expert.
     """
 
     def __init__(self, cfg: DecoderConfig) -> None:
@@ -138,31 +126,10 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, chosen = self.route(x)
+        experts = (x, weights, chosen, self.experts.gate_up_proj, self.experts.down_proj, self.act)
         if x.is_cuda:  # no host syncs (CUDA graphs)
-            return routed_experts(x, weights, chosen, self.experts.gate_up_proj, self.experts.down_proj, self.act)
-        if _grouped_mm_ok(x):
-            return self._grouped(x, weights, chosen)
-        return self._per_expert(x, weights, chosen)
-
-    def _grouped(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        flat = chosen.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        offsets = torch.bincount(flat, minlength=self.num_experts).cumsum(0).to(torch.int32)
-        token = order // self.top_k
-        gate_up = _GROUPED_MM(x[token], self.experts.gate_up_proj.transpose(1, 2), offs=offsets)
-        gate, up = gate_up.chunk(2, dim=-1)
-        y = _GROUPED_MM(self.act(gate) * up, self.experts.down_proj.transpose(1, 2), offs=offsets)
-        y = y * weights.reshape(-1)[order, None]
-        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
-
-    def _per_expert(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        for expert in chosen.unique().tolist():
-            token, slot = torch.where(chosen == expert)
-            gate, up = F.linear(x[token], self.experts.gate_up_proj[expert]).chunk(2, dim=-1)
-            y = F.linear(self.act(gate) * up, self.experts.down_proj[expert]) * weights[token, slot, None]
-            out.index_add_(0, token, y.to(out.dtype))
-        return out
+            return routed_experts(*experts)
+        return grouped_experts(*experts) if grouped_on_cpu(x) else per_expert(*experts)
 
 
 class DecoderLayer(nn.Module):

@@ -233,13 +233,13 @@ class SGLangEngine:
             raise TapsMissing(f"SGLang returned {len(rows)} hidden-state rows for a {len(state['prompt'])}-token "
                               "prompt (a prefix-cache hit computes no rows: is radix caching on?)")
         state["rows"] = start + len(rows)
-        known = state["prompt"] + state["outputs"]
         taps = split_taps(rows, self.tap_layers, self.hidden_size)
         if res.taps:  # a second chunk in the same step: append
             res.taps = {t: torch.cat([res.taps[t], taps[t]]) for t in taps}
         else:
             res.taps, res.tap_start = taps, start
-        res.tap_token_ids = known[res.tap_start:state["rows"]]
+        prompt, lo, hi = state["prompt"], res.tap_start, state["rows"]  # fed token ids of those positions
+        res.tap_token_ids = prompt[lo:hi] + state["outputs"][max(lo - len(prompt), 0):max(hi - len(prompt), 0)]
 
     # ---- state --------------------------------------------------------------------
     def has_work(self) -> bool:
