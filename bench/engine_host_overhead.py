@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from omni.stages.ar.config import EngineConfig  # noqa: E402
 from omni.stages.ar.engine import AREngine  # noqa: E402
-from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput, KVCacheSpec  # noqa: E402
+from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput, KVCacheSpec  # noqa: E402
 from omni.stages.ar.sequence import SamplingParams  # noqa: E402
 
 PHASES = ("schedule", "prepare", "fill", "forward", "sample", "postprocess")
@@ -41,13 +41,14 @@ class NoOpModel(ARModel):
     """Right shapes, no compute: thinker-like [3, n] float32 M-RoPE positions, ids input."""
 
     supports_cuda_graphs = True
+    decode_form = DecodeForm(pos_lead=(3,), pos_dtype=torch.float32)
 
     def __init__(self, hidden: int = 64, vocab: int = 1024, max_tokens: int = 8192, device: str = "cpu") -> None:
         self.hidden = torch.zeros(max_tokens, hidden, device=device)
         self.table = torch.randn(max_tokens, vocab, generator=torch.Generator().manual_seed(0)).to(device)
 
     def kv_cache_spec(self) -> KVCacheSpec:
-        return KVCacheSpec(num_layers=2, num_kv_heads=1, head_dim=8)
+        return KVCacheSpec(num_layers=2, num_kv_heads=1, head_dim=8, vocab_size=self.table.shape[1])
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.hidden[: input_ids.shape[0]]
@@ -92,7 +93,7 @@ def instrument(engine: AREngine) -> dict:
     if graphs is not None:
         graphs._fill = _timed(times, "fill", graphs._fill)
     engine.runner.logits = _timed(times, "logits", engine.runner.logits)
-    engine.sampler = _timed(times, "sampler", engine.sampler)
+    engine.sampler.sample = _timed(times, "sampler", engine.sampler.sample)  # eager steps (in a graph on CUDA)
     engine.model.after_sample = _timed(times, "after_sample", engine.model.after_sample)
     engine.step = _timed(times, "step", engine.step)
     return times
@@ -100,12 +101,14 @@ def instrument(engine: AREngine) -> dict:
 
 def phases(times: dict, steps: int) -> dict[str, float]:
     """µs per step by phase; `fill` is inside `run` (and inside `prepare` when the runner
-    writes the static buffers directly), `sample` is logits + sampler + after_sample."""
+    writes the static buffers directly), `sample` is logits + sampler + after_sample (the sampler
+    runs inside `run` on the decode-graph path: it is taken out of `forward` there)."""
     us = {k: v * 1e6 / steps for k, v in times.items()}
     fill = us.get("fill", 0.0)
     sample = us.get("logits", 0.0) + us.get("sampler", 0.0) + us.get("after_sample", 0.0)
+    in_run = us.get("sampler", 0.0) if not us.get("logits") else 0.0
     out = {"schedule": us.get("schedule", 0.0), "prepare": us.get("prepare", 0.0), "fill": fill,
-           "forward": us.get("run", 0.0) - fill, "sample": sample}
+           "forward": us.get("run", 0.0) - fill - in_run, "sample": sample}
     out["postprocess"] = us["step"] - sum(out.values())
     out["total"] = us["step"]
     return out

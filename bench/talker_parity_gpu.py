@@ -45,7 +45,6 @@ from omni.models.qwen3_omni.talker import TalkerModel  # noqa: E402
 from omni.models.qwen3_omni.talker_stage import TalkerStage  # noqa: E402
 from omni.models.qwen3_omni.thinker_stage import ThinkerStage  # noqa: E402
 from omni.models.qwen3_omni.tokenizer_offline import token_ids  # noqa: E402
-from omni.stages.ar.sampler import apply_repetition_penalty  # noqa: E402
 
 IDS = token_ids()
 ENGINE = {"block_size": 8, "num_blocks": 96, "max_model_len": 512}
@@ -79,27 +78,28 @@ def thinker_chunks(ckpt: str, params: dict) -> list[dict]:
     return chunks
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 class Recorder:
-    """Group-0 rows as the sampler sees them; code-predictor rows as `sample_codes` sees them."""
+    """Group-0 rows as the sampler processes them (after penalties and suppression: what greedy
+    takes the argmax of); code-predictor rows as its sampler sees them. Rows are recorded only on
+    eager steps: a replayed CUDA graph runs no Python (compare then reports codes only)."""
 
     def __init__(self, stage: TalkerStage) -> None:
         self.group0: list[torch.Tensor] = []
         self.rest: list[torch.Tensor] = []  # G-1 rows per frame, in order
         sampler = stage.engine.sampler
+        process = sampler.process
 
-        def sample(logits, seqs):
-            for row, seq in zip(logits, seqs):
-                p, x = seq.params, row.detach().float().clone()
-                if p.repetition_penalty != 1.0:
-                    apply_repetition_penalty(x, seq.all_token_ids() if p.penalty_includes_prompt
-                                             else seq.output_token_ids, p.repetition_penalty)
-                ids = [t for t in p.suppress_token_ids if 0 <= t < x.shape[-1]]
-                if ids:
-                    x[torch.tensor(ids, device=x.device)] = float("-inf")
-                self.group0.append(x.cpu())
-            return sampler(logits, seqs)
+        def recorded(logits, slots, mode, seqs=None):
+            x, warped, rows = process(logits, slots, mode, seqs)
+            if not _capturing():
+                self.group0.extend(r.detach().float().cpu().clone() for r in x)
+            return x, warped, rows
 
-        stage.engine.sampler = sample
+        sampler.process = recorded
 
 
 def run_talker(ckpt: str, device: str, graphs: bool, params: dict, chunks: list[dict]) -> tuple[np.ndarray, Recorder]:
@@ -108,13 +108,19 @@ def run_talker(ckpt: str, device: str, graphs: bool, params: dict, chunks: list[
                                      device=device))
     stage.setup()
     rec = Recorder(stage)
-    original = talker_module.sample_codes
+    original = talker_module.sampled_codes
 
-    def sample_codes(logits, generators, greedy):
-        rec.rest.extend(r.detach().float().cpu().clone() for r in logits)
-        return original(logits, generators, greedy)
+    def sampled_codes(*args):
+        sample = original(*args)
 
-    talker_module.sample_codes = sample_codes
+        def recorded(logits, group):
+            if not _capturing():
+                rec.rest.extend(r.detach().float().cpu().clone() for r in logits)
+            return sample(logits, group)
+
+        return recorded
+
+    talker_module.sampled_codes = sampled_codes
     try:
         stage.open("r", params)
         for chunk in chunks:
@@ -128,7 +134,7 @@ def run_talker(ckpt: str, device: str, graphs: bool, params: dict, chunks: list[
                     frames.append(np.asarray(emit.data["codes"]))
                 done = done or emit.finish
     finally:
-        talker_module.sample_codes = original
+        talker_module.sampled_codes = original
     return (np.concatenate(frames) if frames else np.zeros((0, model.num_code_groups), np.int64)), rec
 
 

@@ -1,9 +1,9 @@
 """The code predictor's static (CUDA-graph) path against its eager `predict`.
 
-On CPU the static path (preallocated caches, unrolled loop, argmax and embedding lookup inside,
-batch padded to a bucket) runs eagerly: it must give exactly the eager greedy codes and
-embeddings for every batch size, padding rows included, and the talker must use it only for
-all-greedy batches. Marked `gpu`: the captured graphs against the eager path on CUDA.
+On CPU the static path (preallocated caches, unrolled loop, the sampler and embedding lookup
+inside, batch padded to a bucket) runs eagerly: it must give exactly the eager codes and
+embeddings for every batch size, padding rows included, greedy and sampled rows alike for the
+same seeds. Marked `gpu`: the captured graphs against the eager path on CUDA.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from omni.models.qwen3_omni.code_predictor import greedy_codes, sample_codes
+from omni.models.qwen3_omni.code_predictor import greedy_codes, sampled_codes
 from omni.models.qwen3_omni.code_predictor_graphs import CodePredictorGraphs
 from omni.models.qwen3_omni.make_tiny import make_tiny
 from omni.models.qwen3_omni.talker import TalkerModel, TalkerRequest
@@ -90,8 +90,7 @@ def test_batches_past_max_batch_are_refused(talker):
 def _seqs(greedy: list[bool], seed: int):
     seqs = []
     for i, g in enumerate(greedy):
-        gen = None if g else torch.Generator().manual_seed(seed + i)
-        req = TalkerRequest(inputs=None, greedy=g, generator=gen)
+        req = TalkerRequest(inputs=None, greedy=g, seed=seed + i)
         params = SimpleNamespace(stop_token_ids=(), max_tokens=100)
         seqs.append(SimpleNamespace(model_state={"talker": req}, params=params, output_token_ids=[], num_tokens=5))
     return seqs
@@ -100,7 +99,7 @@ def _seqs(greedy: list[bool], seed: int):
 def _after_sample(talker: TalkerModel, greedy: list[bool], seed: int):
     gen = torch.Generator().manual_seed(seed)
     hidden = torch.randn(len(greedy), talker.text_cfg.hidden_size, generator=gen)
-    tokens = torch.randint(0, talker.cfg.code2wav.codebook_size, (len(greedy),), generator=gen).tolist()
+    tokens = torch.randint(0, talker.cfg.code2wav.codebook_size, (len(greedy),), generator=gen)
     seqs = _seqs(greedy, seed)
     extras = talker.after_sample(seqs, tokens, hidden)
     frames = [s.model_state["talker"].frame_embeds[0] for s in seqs]
@@ -108,28 +107,42 @@ def _after_sample(talker: TalkerModel, greedy: list[bool], seed: int):
 
 
 @pytest.mark.parametrize("greedy", [[True] * 3, [True, False, True], [False, False]])
-def test_talker_uses_graphs_for_greedy_batches_only(talker, greedy):
+def test_talker_graphs_equal_eager_for_greedy_and_sampled_rows(talker, greedy):
     talker.predictor_graphs = None
     want = _after_sample(talker, greedy, seed=5)
     talker.use_predictor_graphs(max_batch=4)
     try:
         got = _after_sample(talker, greedy, seed=5)
-        assert talker.predictor_graphs.num_runs == int(all(greedy))
+        assert talker.predictor_graphs.num_runs == 1  # sampled rows run in the graph too
     finally:
         talker.predictor_graphs = None
     for a, b in zip(got[0] + got[1], want[0] + want[1]):
         assert torch.equal(a, b)
 
 
-def test_sampled_rows_keep_the_seeded_draws(talker):
-    """The eager sampler still draws per row from each request's generator."""
-    hidden, embed = _inputs(talker, 2, seed=3)
+def _sampled(talker, hidden, embed, seeds, frames, temperature=1.0):
+    n = hidden.shape[0]
+    t = torch.full((n,), temperature)
+    return t, torch.tensor(seeds), torch.tensor(frames)
 
-    def draw(seed):
-        gens = [torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)]
-        return talker.code_predictor.predict(hidden, embed, lambda l, g: sample_codes(l, gens, [False, False]))[0]
 
-    assert torch.equal(draw(7), draw(7))
+def test_static_sampled_path_equals_the_eager_loop(talker):
+    """Same seeds and frames: the unrolled static path (run eagerly here) draws what `predict` draws,
+    alone or batched, and a different seed or frame draws differently."""
+    graphs = CodePredictorGraphs(talker.code_predictor, max_batch=8, device="cpu")
+    hidden, embed = _inputs(talker, 5, seed=3)
+    t, seed, frame = _sampled(talker, hidden, embed, [7, 8, 9, 10, 11], [0, 1, 2, 0, 5])
+    t[1] = 0.0  # a greedy row among sampled ones
+    groups = talker.code_predictor.num_code_groups
+    want = talker.code_predictor.predict(hidden, embed, sampled_codes(t, seed, frame, groups))
+    _assert_same(graphs.run(hidden, embed, t, seed, frame), want)
+    for row in (0, 4):
+        alone = graphs.run(hidden[row:row + 1], embed[row:row + 1], t[row:row + 1], seed[row:row + 1], frame[row:row + 1])
+        assert torch.equal(alone[0][0], want[0][row])
+    greedy = _eager(talker, hidden[1:2], embed[1:2])
+    assert torch.equal(want[0][1], greedy[0][0])
+    other = graphs.run(hidden, embed, t, seed + 100, frame)
+    assert not torch.equal(other[0][[0, 2, 3, 4]], want[0][[0, 2, 3, 4]])
 
 
 # ---- on the GPU ----------------------------------------------------------------------------
@@ -145,3 +158,7 @@ def test_graphs_equal_eager_on_cuda(ckpt, exact_cuda):
         assert graphs.disabled is None, graphs.disabled
         _assert_same(got, want)
     assert graphs.stats()["code_predictor_graphs"] == 3  # buckets 1, 4, 16
+    hidden, embed = _inputs(talker, 5, seed=9, device="cuda")
+    t, seed, frame = (x.cuda() for x in _sampled(talker, hidden, embed, [1, 2, 3, 4, 5], [0, 3, 1, 1, 9]))
+    want = talker.code_predictor.predict(hidden, embed, sampled_codes(t, seed, frame, talker.code_predictor.num_code_groups))
+    _assert_same(graphs.run(hidden, embed, t, seed, frame), want)  # sampled graph == sampled eager

@@ -37,10 +37,17 @@ def _thinker(ckpt, device="cpu"):
     return Qwen3OmniThinker.from_checkpoint(ckpt, device=device, dtype=torch.float32)
 
 
-def _run(model, device="cpu", n=10, **cfg):
+def _run(model, device="cpu", n=10, sampled=False, warmup=False, **cfg):
     config = EngineConfig(block_size=16, num_blocks=48, max_num_seqs=8, max_model_len=512, device=device, **cfg)
     engine = AREngine(model, config)
+    if warmup:
+        engine.warmup([()])
     params = [SamplingParams(temperature=0.0, max_tokens=n + i, ignore_eos=True) for i in range(len(PROMPTS))]
+    if sampled:  # the talker's default sampling and a top-p row, seeded, beside a greedy row
+        params[0] = SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05, seed=3, max_tokens=n,
+                                   ignore_eos=True)
+        params[1] = SamplingParams(temperature=1.0, top_p=0.8, presence_penalty=0.5, seed=4, max_tokens=n + 1,
+                                   ignore_eos=True)
     tokens = engine.generate(PROMPTS, params)
     return tokens, engine
 
@@ -71,6 +78,21 @@ def test_fixed_shape_decode_path_matches_eager_on_cpu(ckpt):
     # a smaller largest bucket: bigger batches run eagerly, smaller ones padded, same tokens
     got_small, small = _run(model, cuda_graphs=True, cuda_graph_max_batch=2)
     assert got_small == want and small.stats()["decode_graph_steps"] > 0
+
+
+def test_sampled_decode_path_matches_eager_on_cpu(ckpt):
+    """The padded graph body samples inside (on CPU run eagerly): the same seeded draws as the
+    plain engine, and the same as each request alone."""
+    model = _thinker(ckpt)
+    want, _ = _run(model, sampled=True)
+    got, engine = _run(model, sampled=True, cuda_graphs=True)
+    assert got == want and want[0] != want[2][: len(want[0])]
+    assert engine.stats()["decode_graph_steps"] > 10
+    config = EngineConfig(block_size=16, num_blocks=48, max_num_seqs=8, max_model_len=512)
+    alone = AREngine(model, config).generate([PROMPTS[1]], [SamplingParams(temperature=1.0, top_p=0.8,
+                                                                           presence_penalty=0.5, seed=4,
+                                                                           max_tokens=11, ignore_eos=True)])
+    assert alone[0] == want[1]
 
 
 def test_models_without_graph_support_run_eagerly(ckpt, caplog):
@@ -133,6 +155,19 @@ def test_graphs_on_and_off_agree_on_cuda(ckpt, exact_cuda):
     assert stats["graphs_disabled"] is None and stats["graphs"] >= 2 and stats["decode_graph_steps"] > 10
     cpu, _ = _run(_thinker(ckpt))
     assert want == cpu  # the CUDA path gives the CPU path's greedy tokens
+
+
+@pytest.mark.gpu
+def test_sampled_graphs_equal_sampled_eager_and_nothing_captured_late(ckpt, exact_cuda):
+    """Sampling inside the captured graphs draws what the eager sampler draws for the same seeds;
+    after `warmup` no step captures (every bucket, both sampler modes, were captured at start)."""
+    model = _thinker(ckpt, "cuda")
+    want, _ = _run(model, "cuda", sampled=True)
+    got, engine = _run(model, "cuda", sampled=True, warmup=True, cuda_graphs=True, attention_backend="triton")
+    stats = engine.stats()
+    assert stats["graphs_disabled"] is None and stats["graph_late_captures"] == 0
+    assert stats["graphs"] == len(engine.runner.graphs.keys(model.decode_form, [()]))  # all captured at warmup
+    assert got == want
 
 
 @pytest.mark.gpu

@@ -30,12 +30,16 @@ def _expected(tables, size, ctx):
     return want
 
 
+SAMPLE_SCRATCH = 9
+
+
 def _write(staged, tables, lens):
     n = len(tables)
     ids = [100 + b for b in range(n)]
     slots = [t[(k - 1) // BS] * BS + (k - 1) % BS for t, k in zip(tables, lens)]
     pos = np.arange(n, dtype=np.float32)[None].repeat(3, 0) + 5
-    staged.write(ids, slots, lens, pos, tables)
+    sample_slots = [10 + b for b in range(n)]
+    staged.write(ids, slots, lens, pos, tables, sample_slots)
     dev = staged.dev
     if staged.cuda:
         torch.cuda.synchronize()  # the copies are non-blocking
@@ -43,12 +47,13 @@ def _write(staged, tables, lens):
     assert dev["input_ids"].tolist() == ids + [0] * (staged.size - n)
     assert dev["slot_mapping"].tolist() == slots + [SCRATCH * BS] * (staged.size - n)
     assert dev["seq_lens"].tolist() == lens + [1] * (staged.size - n)
+    assert dev["sample_slots"].tolist() == sample_slots + [SAMPLE_SCRATCH] * (staged.size - n)
     assert dev["positions"][:, :n].tolist() == pos.tolist() and not dev["positions"][:, n:].any()
     np.testing.assert_array_equal(dev["block_tables"].numpy(), _expected(tables, staged.size, staged.ctx_blocks))
 
 
 def _check_staged(device: str):
-    staged = StagedInputs(4, 6, (3,), torch.float32, SCRATCH, BS, torch.device(device))
+    staged = StagedInputs(4, 6, (3,), torch.float32, SCRATCH, BS, torch.device(device), SAMPLE_SCRATCH)
     a, b, c = [0, 1], [2], [3, 4, 5]
     _write(staged, [a, b, c], [6, 3, 12])
     a.append(6)  # a block appended: only that row changes

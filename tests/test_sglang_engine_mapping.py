@@ -127,9 +127,11 @@ def test_sampling_mapping_and_limits(fake_sglang):
     try:
         assert "json_model_override_args" not in eng._sgl.kwargs  # no taps, stock model class
         sp = sglang_backend.sglang_sampling(SamplingParams(temperature=0.7, top_k=0, max_tokens=100, seed=3,
-                                                           suppress_token_ids=(4,)), 12)
+                                                           suppress_token_ids=(4,), logit_bias={6: 1.5},
+                                                           min_p=0.1, presence_penalty=0.5), 12)
+        assert sp["min_p"] == 0.1 and sp["presence_penalty"] == 0.5 and sp["frequency_penalty"] == 0.0
         assert sp["top_k"] == -1 and sp["max_new_tokens"] == 12 and sp["sampling_seed"] == 3
-        assert sp["logit_bias"] == {"4": -float("inf")}
+        assert sp["logit_bias"] == {"6": 1.5, "4": -float("inf")}
         with pytest.raises(sglang_backend.InvalidRequest):
             sglang_backend.sglang_sampling(SamplingParams(repetition_penalty=1.2, penalty_includes_prompt=False), 8)
         with pytest.raises(sglang_backend.InvalidRequest, match="no room"):

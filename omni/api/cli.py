@@ -98,6 +98,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-audio-seconds", type=float, default=600.0, help="longest input audio")
     parser.add_argument("--image-host", action="append", default=[], help="allow image_url from this host")
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish requests on stop")
+    parser.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
+                        help="CUDA MPS for GPU stages sharing a device (auto: when two or more do and "
+                             "nvidia-cuda-mps-control is found)")
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -186,11 +189,6 @@ def _say(text: str) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    from omni.api.app import ServedModel, build_app
-    from omni.api.server import HttpServer, serve_until_signal
-    from omni.kernel.errors import StageStartError
-    from omni.kernel.kernel import Kernel
-
     _say("omnid: loading model " + (args.model or "(embedded default)"))
     graph, info = load_model(args)
     stages = [s.name for s in graph.stages]
@@ -198,6 +196,28 @@ async def serve(args: argparse.Namespace) -> None:
     if info.random_weights:
         log.warning("model %r has RANDOM weights: its text and speech are noise (fine for tests, not for use)",
                     info.id)
+    from omni.api.mps import MPSError, start_mps
+
+    devices = [s.device for s in graph.stages for _ in range(max(1, s.replicas))]
+    try:  # before any stage process starts: they inherit its pipe directory
+        mps = start_mps(getattr(args, "mps", "off") if args.mode == "process" else "off", devices)
+    except MPSError as exc:
+        raise CliError(str(exc)) from None
+    if mps is not None:
+        _say("omnid: CUDA MPS on for the GPU stages sharing a device")
+    try:
+        await _serve_graph(args, graph, info, stages)
+    finally:
+        if mps is not None:
+            mps.stop()
+
+
+async def _serve_graph(args: argparse.Namespace, graph, info, stages: list[str]) -> None:
+    from omni.api.app import ServedModel, build_app
+    from omni.api.server import HttpServer, serve_until_signal
+    from omni.kernel.errors import StageStartError
+    from omni.kernel.kernel import Kernel
+
     kernel = Kernel(graph, mode=args.mode, max_inflight=args.max_concurrent)
     _say(f"omnid: starting {len(stages)} stage(s) ({args.mode} mode) ...")
     try:

@@ -67,6 +67,18 @@ def stage_sampling(state: ServerState, base: dict, extra: dict[str, StageSamplin
     return sampling
 
 
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's string token ids as ints; a key that is not an id is a 400."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        if not key.isdigit():
+            raise bad_request(f"logit_bias keys are token ids, got {key!r}", param="logit_bias", code="invalid_value")
+        out[int(key)] = float(value)
+    return out
+
+
 def stop_strings(stop: str | list[str] | None) -> list[str]:
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     return [s for s in stops if s]
@@ -91,8 +103,9 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
     for i, msg in enumerate(req.messages):
         messages.append({"role": "system" if msg.role == "developer" else msg.role,
                          "content": await _content(state, msg.content, f"messages[{i}].content")})
-    base = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
-            "repetition_penalty": req.repetition_penalty, "seed": req.seed,
+    base = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
+            "repetition_penalty": req.repetition_penalty, "presence_penalty": req.presence_penalty,
+            "frequency_penalty": req.frequency_penalty, "logit_bias": _logit_bias(req.logit_bias), "seed": req.seed,
             "max_tokens": req.max_completion_tokens or req.max_tokens, "ignore_eos": req.ignore_eos}
     base = {k: v for k, v in base.items() if v is not None}
     return {"task": "chat", "messages": messages, "modalities": modalities, "voice": voice,

@@ -17,6 +17,9 @@ TopK = Annotated[int, Meta(ge=-1)]
 MaxTokens = Annotated[int, Meta(ge=1, le=1 << 20)]
 Seed = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=10.0)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]  # OpenAI's presence / frequency range
+MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
+LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=1024)]
 ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus"]
 SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
 
@@ -68,6 +71,9 @@ class StageSampling(Struct, forbid_unknown_fields=True):
     top_k: TopK | None = None
     top_p: TopP | None = None
     repetition_penalty: RepetitionPenalty | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    min_p: MinP | None = None
     max_tokens: MaxTokens | None = None
     seed: Seed | None = None
     ignore_eos: bool | None = None  # generate exactly max_tokens (benchmarks compare equal work)
@@ -81,7 +87,11 @@ class ChatCompletionRequest(Struct):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: TopK | None = None
+    min_p: MinP | None = None
     repetition_penalty: RepetitionPenalty | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None  # OpenAI's: token id (as a string) -> bias in [-100, 100]
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
     seed: Seed | None = None

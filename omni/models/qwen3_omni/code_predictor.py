@@ -17,6 +17,7 @@ from torch import nn
 
 from omni.models.qwen3_omni.config import DecoderConfig
 from omni.models.qwen3_omni.talker_layers import QKVProjection, RMSNorm, SwiGLU, load_weights, rope_cos_sin, rope_inv_freq
+from omni.stages.ar.sampler import RowParams, SampleMode, sample_rows
 
 # Sampling used by transformers for the code predictor when the talker samples.
 PREDICTOR_TOP_K = 50
@@ -127,21 +128,19 @@ def greedy_codes(logits: torch.Tensor, group: int) -> torch.Tensor:
     return torch.argmax(logits, dim=-1)
 
 
-def sample_codes(logits: torch.Tensor, generators: list[torch.Generator | None], greedy: list[bool]) -> torch.Tensor:
-    """Per-row draw as transformers' code predictor does when sampling: top-k 50, top-p 0.8, T=1."""
-    out = torch.argmax(logits, dim=-1)
-    for row, is_greedy in enumerate(greedy):
-        if is_greedy:
-            continue
-        scores = logits[row].float()
-        k = min(PREDICTOR_TOP_K, scores.shape[-1])
-        kth = torch.topk(scores, k).values[-1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-        sorted_scores, order = torch.sort(scores, descending=False)
-        cum = sorted_scores.softmax(-1).cumsum(-1)
-        drop = cum <= 1 - PREDICTOR_TOP_P
-        drop[-1] = False
-        scores = scores.masked_fill(drop.scatter(0, order, drop), float("-inf"))
-        probs = scores.softmax(-1)
-        out[row] = torch.multinomial(probs, 1, generator=generators[row]).squeeze(0)
-    return out
+def predictor_rows(temperature: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor) -> RowParams:
+    """The code predictor's per-row sampling, as transformers runs it when the talker samples
+    (top-k 50, top-p 0.8; temperature 0 = a greedy row): [B] temperature, seed and draw counter."""
+    k = torch.full_like(seed, PREDICTOR_TOP_K)
+    p = torch.full_like(temperature, PREDICTOR_TOP_P)
+    return RowParams(temperature, k, p, torch.zeros_like(temperature), seed, counter)
+
+
+def sampled_codes(temperature: torch.Tensor, seed: torch.Tensor, frame: torch.Tensor, groups: int) -> CodeSampler:
+    """The `sample` callback of `predict`: group g of frame f draws with counter f * (groups-1) + g-1,
+    so every code of a request has its own noise, batched or alone, eager or in a graph."""
+    def sample(logits: torch.Tensor, group: int) -> torch.Tensor:
+        counter = frame * (groups - 1) + (group - 1)
+        return sample_rows(logits, predictor_rows(temperature, seed, counter), SampleMode.FILTER)
+
+    return sample

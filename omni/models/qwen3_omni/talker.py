@@ -18,6 +18,8 @@ generated codes only, as transformers does for a talker prompted with embeddings
 from __future__ import annotations
 
 import logging
+import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ import torch
 from torch import nn
 
 from omni.kernel.errors import InvalidRequest
-from omni.models.qwen3_omni.code_predictor import CodePredictor, sample_codes
+from omni.models.qwen3_omni.code_predictor import CodePredictor, sampled_codes
 from omni.models.qwen3_omni.code_predictor_graphs import CodePredictorGraphs
 from omni.models.qwen3_omni.config import DecoderConfig, Qwen3OmniConfig, load_config
 from omni.models.qwen3_omni.rope import DEFAULT_MROPE_SECTION, mrope_cos_sin
@@ -41,7 +43,8 @@ from omni.models.qwen3_omni.talker_layers import (
     tied_router_experts,
 )
 from omni.models.qwen3_omni.weights import CheckpointError, checkpoint_files, load_state_dict
-from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput, KVCacheSpec
+from omni.stages.ar.sampler import SuppressTokens
+from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput, KVCacheSpec
 
 log = logging.getLogger("omni.talker")
 
@@ -54,7 +57,7 @@ class TalkerRequest:
 
     inputs: TalkerInputs
     greedy: bool
-    generator: torch.Generator | None = None  # the code predictor's draws
+    seed: int = 0  # the code predictor's draws (the talker's own go through the engine's sampler)
     frame_embeds: list[torch.Tensor] = field(default_factory=list)  # per computed frame [H]
 
     @property
@@ -87,6 +90,7 @@ class _Decoder(nn.Module):
 
 class TalkerModel(nn.Module, ARModel):
     supports_cuda_graphs = True  # forward reads no spans and, on CUDA, syncs no host
+    decode_form = DecodeForm(embeds=True, pos_lead=(3,), pos_dtype=torch.float32)  # frame embeddings, M-RoPE
     def __init__(self, cfg: Qwen3OmniConfig) -> None:
         nn.Module.__init__(self)
         if cfg.talker is None:
@@ -174,7 +178,7 @@ class TalkerModel(nn.Module, ARModel):
     # ---- ARModel ------------------------------------------------------------------------
     def kv_cache_spec(self) -> KVCacheSpec:
         c = self.text_cfg
-        return KVCacheSpec(c.num_layers, c.num_kv_heads, c.head_dim, self.codec_head.weight.dtype)
+        return KVCacheSpec(c.num_layers, c.num_kv_heads, c.head_dim, self.codec_head.weight.dtype, c.vocab_size)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.codec_embedding(input_ids)
@@ -188,15 +192,20 @@ class TalkerModel(nn.Module, ARModel):
             taps[0] = h
         cos, sin = mrope_cos_sin(self.inv_freq, batch.positions, self.mrope_section, h.dtype)
         layers = self.model.layers
+        normed = layers[0].input_layernorm(h) if layers else h
         for i, layer in enumerate(layers):
             attn = layer.self_attn
-            q, k, v = attn.qkv(layer.input_layernorm(h), cos, sin)
+            q, k, v = attn.qkv(normed, cos, sin)
             out = batch.attend(i, q, k, v, attn.head_dim**-0.5)
-            h = h + attn.o_proj(out.reshape(h.shape[0], -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-            if i + 1 in batch.tap_layers and i + 1 < len(layers):
+            # residual add + RMSNorm as one fused kernel on CUDA (the thinker's), the same sums on CPU
+            normed, h = layer.post_attention_layernorm.add_forward(attn.o_proj(out.reshape(h.shape[0], -1)), h)
+            mlp = layer.mlp(normed)
+            last = i + 1 == len(layers)
+            norm = self.model.norm if last else layers[i + 1].input_layernorm
+            normed, h = norm.add_forward(mlp, h)
+            if i + 1 in batch.tap_layers and not last:
                 taps[i + 1] = h
-        h = self.model.norm(h)
+        h = normed if layers else self.model.norm(h)
         if len(layers) in batch.tap_layers:
             taps[len(layers)] = h
         return ForwardOutput(hidden=h, taps=taps)
@@ -240,43 +249,53 @@ class TalkerModel(nn.Module, ARModel):
         k = seq.num_tokens - 1 - req.prefill_len  # frame index of the newest position
         return k < 0 or req.inputs.trailing(k) is not None
 
+    def logits_processors(self) -> list:
+        """The codec specials are never sampled (codec EOS excepted)."""
+        return [SuppressTokens(self.suppress_token_ids, self.text_cfg.vocab_size, self.codec_head.weight.device)]
+
     @torch.inference_mode()
-    def after_sample(self, seqs, token_ids: list[int], hidden: torch.Tensor) -> list[dict]:
-        rows = [i for i, (seq, tok) in enumerate(zip(seqs, token_ids)) if self._goes_on(seq, tok)]
-        extras: list[dict] = [{} for _ in seqs]
-        if not rows:
-            return extras
-        idx = torch.tensor(rows, device=hidden.device)
-        code0 = torch.tensor([token_ids[i] for i in rows], device=hidden.device)
+    def after_sample(self, seqs, tokens: torch.Tensor, hidden: torch.Tensor) -> list[dict]:
+        """The code predictor fills groups 1..G-1 for every row while the codes stay on the
+        device; one copy brings all codes to the host, and only rows that go on keep a frame."""
+        reqs: list[TalkerRequest] = [seq.model_state["talker"] for seq in seqs]
+        code0 = tokens.clamp_min(0)  # -1: a non-finite row, failed by the engine
         code0_embed = self.model.codec_embedding(code0)
-        reqs: list[TalkerRequest] = [seqs[i].model_state["talker"] for i in rows]
-        codes, embeds = self._predict_codes(hidden[idx].to(code0_embed.dtype), code0_embed, reqs)
+        codes, embeds = self._predict_codes(hidden.to(code0_embed.dtype), code0_embed, reqs)
         frames = torch.cat((code0_embed[:, None], embeds), dim=1).sum(1)
-        all_codes = torch.cat((code0[:, None], codes), dim=1).cpu()
-        for j, i in enumerate(rows):
-            reqs[j].frame_embeds.append(frames[j])
-            extras[i] = {"codes": all_codes[j]}
+        host = torch.cat((tokens[:, None], code0[:, None], codes), dim=1).cpu()
+        sampled, all_codes = host[:, 0].tolist(), host[:, 1:]
+        extras: list[dict] = [{} for _ in seqs]
+        for i, (seq, req) in enumerate(zip(seqs, reqs)):
+            if sampled[i] >= 0 and self._goes_on(seq, sampled[i]):
+                req.frame_embeds.append(frames[i])
+                extras[i] = {"codes": all_codes[i]}
         return extras
 
     def use_predictor_graphs(self, max_batch: int) -> None:
-        """Greedy frames run the code predictor from one CUDA graph per batch bucket (the static
-        path runs eagerly on CPU). Called by the stage when its engine has `cuda_graphs` on."""
+        """Frames run the code predictor from one CUDA graph per batch bucket, sampling included,
+        all captured now (the static path runs eagerly on CPU). Called by the stage when its
+        engine has `cuda_graphs` on."""
         device = self.codec_head.weight.device
         self.predictor_graphs = CodePredictorGraphs(self.code_predictor, max_batch, device)
+        if self.predictor_graphs.capture:
+            t0 = time.monotonic()
+            n = self.predictor_graphs.capture_all()
+            log.info("code predictor: %d graphs captured in %.1f s", n, time.monotonic() - t0)
 
     def _predict_codes(self, past_hidden: torch.Tensor, code0_embed: torch.Tensor,
                        reqs: list[TalkerRequest]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Groups 1..G-1: from the graphs when every row is greedy, else eagerly (seeded draws)."""
+        """Groups 1..G-1 with each row's sampling (greedy rows argmax), from the graphs when on."""
+        dev = past_hidden.device
+        temperature = torch.tensor([0.0 if r.greedy else 1.0 for r in reqs]).to(dev, non_blocking=True)
+        seed = torch.tensor([r.seed for r in reqs], dtype=torch.long).to(dev, non_blocking=True)
+        frame = torch.tensor([len(r.frame_embeds) for r in reqs], dtype=torch.long).to(dev, non_blocking=True)
         graphs = self.predictor_graphs
-        greedy = [r.greedy for r in reqs]
-        if graphs is not None and all(greedy):
-            out = graphs.run(past_hidden, code0_embed)
+        if graphs is not None:
+            out = graphs.run(past_hidden, code0_embed, temperature, seed, frame)
             if out is not None:
                 return out
-        generators = [r.generator for r in reqs]
-        return self.code_predictor.predict(
-            past_hidden, code0_embed, lambda logits, g: sample_codes(logits, generators, greedy)
-        )
+        return self.code_predictor.predict(past_hidden, code0_embed,
+                                           sampled_codes(temperature, seed, frame, self.num_code_groups))
 
     def _goes_on(self, seq, token: int) -> bool:
         """False when `token` ends the sequence (no frame is computed for it then)."""
@@ -291,10 +310,9 @@ class TalkerModel(nn.Module, ARModel):
 
     # ---- requests -----------------------------------------------------------------------
     def new_request(self, speaker: str, greedy: bool, seed: int | None, prompt_ids: list[int] | None = None) -> TalkerRequest:
-        gen = None
-        if not greedy and seed is not None:
-            gen = torch.Generator(device=self.codec_head.weight.device).manual_seed(int(seed) + 1)
-        return TalkerRequest(TalkerInputs(self.ids, self.parts(), speaker, prompt_ids), greedy, gen)
+        """`seed` None: a random one (the code predictor's draws still hash per frame and group)."""
+        predictor_seed = (int(seed) + 1) if seed is not None else random.getrandbits(31)
+        return TalkerRequest(TalkerInputs(self.ids, self.parts(), speaker, prompt_ids), greedy, predictor_seed)
 
 
 def thinker_token_rows(ckpt_dir: str | Path, token_ids: tuple[int, ...]) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni.models.qwen3_omni import fused_ops
 from omni.models.qwen3_omni.moe_routed import per_expert, routed_experts
 from omni.models.qwen3_omni.weights import CheckpointError
 from omni.models.qwen3_omni.thinker_layers import Experts, RMSNorm, Router  # shared with the thinker
@@ -55,11 +56,21 @@ class QKVProjection(nn.Module):
         cos/sin are [..., T, hd]; they broadcast over the head axis.
         """
         lead = x.shape[:-1]
-        q = self.q_norm(self.q_proj(x).view(*lead, self.heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(*lead, self.kv_heads, self.head_dim))
+        q = self.q_proj(x).view(*lead, self.heads, self.head_dim)
+        k = self.k_proj(x).view(*lead, self.kv_heads, self.head_dim)
         v = self.v_proj(x).view(*lead, self.kv_heads, self.head_dim)
+        if self._fused(x, cos):  # the thinker's q/k-norm + rope kernel: one launch for both
+            rows, d = -1, self.head_dim
+            c = cos.expand(*lead, d).reshape(rows, d)
+            s = sin.expand(*lead, d).reshape(rows, d)
+            q, k = fused_ops.qk_norm_rope(q.reshape(rows, self.heads, d), k.reshape(rows, self.kv_heads, d),
+                                          self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, c, s)
+            return q.view(*lead, self.heads, d), k.view(*lead, self.kv_heads, d), v
         c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        return apply_rope(q, c, s), apply_rope(k, c, s), v
+        return apply_rope(self.q_norm(q), c, s), apply_rope(self.k_norm(k), c, s), v
+
+    def _fused(self, x: torch.Tensor, cos: torch.Tensor) -> bool:
+        return (fused_ops.enabled(x) and self.q_norm.weight.dtype == self.k_norm.weight.dtype == cos.dtype == x.dtype)
 
 
 class SwiGLU(nn.Module):
@@ -89,11 +100,14 @@ class SharedExpertMoE(nn.Module):
         h = x.reshape(-1, shape[-1])
         shared = self.shared_expert(h)
         logits = F.linear(h, self.gate.weight)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
-        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(logits.dtype)
+        if fused_ops.enabled(h):  # the thinker's router kernel: softmax, top-k, renormalise in one launch
+            weights, chosen = fused_ops.route_topk(logits, self.top_k, self.norm_topk, logits.dtype)
+        else:
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+            weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+            if self.norm_topk:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+            weights = weights.to(logits.dtype)
         experts = (h, weights, chosen, self.experts.gate_up_proj, self.experts.down_proj, F.silu)
         # CUDA: no host syncs (CUDA graphs); CPU: the per-expert loop transformers' references match
         routed = routed_experts(*experts) if h.is_cuda else per_expert(*experts)

@@ -123,10 +123,10 @@ class TalkerStage(ARStage):
         merged.update((params.get("sampling") or {}).get(self.sampling_key) or {})
         if merged.get("ignore_eos"):  # exactly max_tokens frames: codec EOS is never sampled
             merged["stop_token_ids"] = ()
-            merged["suppress_token_ids"] = self.model.suppress_token_ids + (self.model.ids.codec_eos,)
+            merged["suppress_token_ids"] = (self.model.ids.codec_eos,)
         else:
             merged["stop_token_ids"] = (self.model.ids.codec_eos,)
-            merged["suppress_token_ids"] = self.model.suppress_token_ids
+        # the other codec specials: the model's SuppressTokens processor
         merged["penalty_includes_prompt"] = False
         return SamplingParams.from_dict(merged)
 

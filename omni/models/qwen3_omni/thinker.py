@@ -27,7 +27,7 @@ from omni.models.qwen3_omni.config import ThinkerConfig, load_config
 from omni.models.qwen3_omni.rope import DEFAULT_MROPE_SECTION, RopeTokens, VisionGrid, inv_freq, mrope_cos_sin, rope_index
 from omni.models.qwen3_omni.thinker_layers import DecoderLayer, RMSNorm, text_state_dict
 from omni.models.qwen3_omni.weights import CheckpointError, load_state_dict
-from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput, KVCacheSpec
+from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput, KVCacheSpec
 from omni.stages.ar.sequence import Sequence
 
 
@@ -80,6 +80,7 @@ class Qwen3OmniThinker(nn.Module, ARModel):
     """
 
     supports_cuda_graphs = True  # decode reads no spans (deepstack rows are prompt-only), no host syncs on CUDA
+    decode_form = DecodeForm(embeds=False, pos_lead=(3,), pos_dtype=torch.float32)  # ids in, M-RoPE positions
 
     def __init__(self, cfg: ThinkerConfig, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
@@ -129,7 +130,7 @@ class Qwen3OmniThinker(nn.Module, ARModel):
 
     def kv_cache_spec(self) -> KVCacheSpec:
         t = self.cfg.text
-        return KVCacheSpec(t.num_layers, t.num_kv_heads, t.head_dim, self.dtype)
+        return KVCacheSpec(t.num_layers, t.num_kv_heads, t.head_dim, self.dtype, self.lm_head.weight.shape[0])
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

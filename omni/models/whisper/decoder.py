@@ -53,10 +53,15 @@ class WhisperDecoder(ARModel):
     # ---- ARModel --------------------------------------------------------------------
     def kv_cache_spec(self) -> KVCacheSpec:
         return KVCacheSpec(self.cfg.decoder_layers, self.cfg.decoder_heads, self.cfg.head_dim,
-                           self.net.embed_tokens.weight.dtype)
+                           self.net.embed_tokens.weight.dtype, self.cfg.vocab_size)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.net.embed_tokens(input_ids)
+
+    def logits_processors(self) -> list:
+        from omni.models.whisper.logits import WhisperRules
+
+        return [WhisperRules()]
 
     def prepare(self, seq: "Sequence", inputs: dict[str, Any]) -> None:
         memory = inputs.get("encoder_out")

@@ -28,7 +28,7 @@ from omni.models.whisper.config import WhisperConfig
 from omni.models.whisper.decoder import WhisperDecoder
 from omni.models.whisper.encoder_stage import WhisperBatchEncoder
 from omni.models.whisper.features import WINDOW_FRAMES
-from omni.models.whisper.logits import RULES, DecodeRules, WhisperSampler
+from omni.models.whisper.logits import RULES, DecodeRules
 from omni.models.whisper.seek import cut, shifted_mel
 from omni.models.whisper.transcript import WhisperText, join_texts
 from omni.stages.ar.config import EngineConfig
@@ -99,7 +99,6 @@ class WhisperDecoderStage(Stage):
                                   max_num_batched_tokens=int(args.get("max_num_batched_tokens", 2048)),
                                   max_model_len=max_len, device=self.ctx.device, eos_token_ids=(self.cfg.eot,))
         self.engine = AREngine(model, engine_cfg)
-        self.engine.sampler = WhisperSampler()
 
     # ---- requests -----------------------------------------------------------------
     def open(self, rid: str, params: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""Whisper's decoding rules applied to each row's logits before the engine's sampler.
+"""Whisper's decoding rules: a logits processor of the engine's one sampler.
 
 Per sequence (`DecodeRules` in `seq.model_state["rules"]`), in transformers' order: the tokens
 suppressed at the first generated position (`begin_suppress`), the tokens always suppressed,
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omni.stages.ar.sampler import Sampler
+from omni.stages.ar.sampler import LogitsProcessor
 from omni.stages.ar.sequence import Sequence
 
 RULES = "rules"  # key in seq.model_state
@@ -70,13 +70,16 @@ class DecodeRules:
             logits[:tb] = NEG_INF
 
 
-class WhisperSampler(Sampler):
-    """The engine's sampler, after each sequence's `DecodeRules` masked its row."""
+class WhisperRules(LogitsProcessor):
+    """Each sequence's `DecodeRules` mask its row. They read the host token history, so
+    Whisper's steps sample eagerly (not inside a decode graph)."""
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        rows = [i for i, s in enumerate(seqs) if RULES in s.model_state]
+    graph_safe = False
+
+    def __call__(self, logits: torch.Tensor, slots: torch.Tensor, seqs: list[Sequence] | None) -> torch.Tensor:
+        rows = [i for i, s in enumerate(seqs or ()) if RULES in s.model_state]
         if rows:
-            logits = logits.float().clone()
+            logits = logits.clone()
             for i in rows:
                 seqs[i].model_state[RULES].apply(logits[i], seqs[i].output_token_ids)
-        return super().__call__(logits, seqs)
+        return logits

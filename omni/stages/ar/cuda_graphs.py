@@ -3,9 +3,12 @@
 A decode-only step (one token per sequence) is replayed from a graph captured for its shape
 key: the batch padded up to a bucket (1, 2, 4, 8, then multiples of 8), the attention
 context padded up to a power-of-two number of blocks (the whole `max_model_len` when a
-paged decode kernel reads only the blocks it needs), the hidden-state taps, and the form of
-the inputs (embeddings or ids; rope position shape). Graphs are captured lazily, the first
-time a key is seen, into one shared memory pool. Prefill and mixed steps run eagerly.
+paged decode kernel reads only the blocks it needs), the hidden-state taps, the form of
+the inputs (embeddings or ids; rope position shape) and the sampler's mode. The graph holds
+the whole step: forward, logits and the engine's sampler (when its processors are graph-safe),
+so a replay returns the sampled tokens. `capture_all` records every key serving can hit at
+start-up (the engine's `warmup`), into one shared memory pool; a key missed there is captured
+on first use, and counted. Prefill and mixed steps run eagerly.
 
 Fixed-shape inputs live in static buffers that each step fills before replay. Padding rows
 write their keys/values into a scratch block the engine allocates beyond the block manager's
@@ -21,6 +24,7 @@ good, with a warning, and the engine goes on eagerly.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -29,7 +33,8 @@ import torch
 from omni.stages.ar.attention import AttentionMetadata
 from omni.stages.ar.graph_capture import capture_graph
 from omni.stages.ar.graph_inputs import GraphDecodeStep, StagedInputs, decode_rows, numpy_dtype
-from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput
+from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput
+from omni.stages.ar.sampler import SMALL_VOCAB, Sampler, SampleMode
 
 log = logging.getLogger("omni.ar.cuda_graphs")
 MIN_CTX_BLOCKS = 8
@@ -51,6 +56,7 @@ class _Static:
     batch: ForwardBatch
     k_pos: torch.Tensor
     staged: StagedInputs
+    mode: SampleMode | None = None  # None: the graph stops at the hidden states
     graph: Any = None
     out: ForwardOutput | None = None
 
@@ -66,6 +72,7 @@ class DecodeGraphs:
         scratch_block: int,
         device,
         decode_kernel: Callable | None = None,
+        sampler: Sampler | None = None,
     ) -> None:
         self.model, self.kv_cache, self.block_size = model, kv_cache, block_size
         self.device = torch.device(device)
@@ -75,12 +82,48 @@ class DecodeGraphs:
         self.max_blocks = -(-max_model_len // block_size)
         self.scratch_block = scratch_block
         self.decode_kernel = decode_kernel
+        self.sampler = sampler if sampler is not None and sampler.graph_safe else None
         self.statics: dict[tuple, _Static] = {}
         self.pool = None
         self.disabled: str | None = None
         self.num_replays = 0
         self.num_captures = 0
+        self.late_captures = 0  # captures after `capture_all` (a key start-up did not foresee)
+        self.warmed = False
+        self.capture_seconds = 0.0
         self._moved = False
+
+    # ---- start-up ---------------------------------------------------------------------
+    def keys(self, form: DecodeForm, tap_variants: list[tuple[int, ...]]) -> list[tuple]:
+        """Every key a decode step can have with this model's input form."""
+        if self.decode_kernel is not None:
+            ctx = [self.max_blocks]
+        else:
+            ctx, blocks = [], MIN_CTX_BLOCKS
+            while True:
+                ctx.append(min(blocks, self.max_blocks))
+                if blocks >= self.max_blocks:
+                    break
+                blocks *= 2
+        modes: list[SampleMode | None] = [None]
+        if self.sampler is not None:
+            small = self.sampler.vocab_size <= SMALL_VOCAB
+            modes = [SampleMode.FILTER] if small else [SampleMode.SAMPLE, SampleMode.FILTER]
+        return [(size, c, tuple(taps), form.embeds, tuple(form.pos_lead), form.pos_dtype, mode)
+                for size in self.sizes for c in sorted(set(ctx)) for taps in tap_variants for mode in modes]
+
+    def capture_all(self, form: DecodeForm, tap_variants: list[tuple[int, ...]], progress=None) -> int:
+        """Capture every key up front (before the stage says it is ready); returns the count.
+        `progress(done, total)` is called after each key."""
+        keys = self.keys(form, tap_variants)
+        embeds_like = self.model.embed_tokens(torch.zeros(1, dtype=torch.long, device=self.device)) if form.embeds else None
+        for i, key in enumerate(keys):
+            if self._static(key, embeds_like) is None:
+                break  # capture failed: graphs are off, decode runs eagerly
+            if progress is not None:
+                progress(i + 1, len(keys))
+        self.warmed = True
+        return len(self.statics)
 
     # ---- public -----------------------------------------------------------------------
     def can_run(self, batch: ForwardBatch) -> bool:
@@ -114,13 +157,14 @@ class DecodeGraphs:
         pos = torch.cat(positions, dim=-1) if n > 1 else positions[0]
         if numpy_dtype(pos.dtype) is None:
             return None
+        seqs = [s.seq for s in spans]
         key = (_bucket(n, self.sizes), self._ctx_blocks_for(max(lens)), tuple(tap_layers), has_embeds,
-               tuple(pos.shape[:-1]), pos.dtype)
+               tuple(pos.shape[:-1]), pos.dtype, self._mode(seqs))
         emb = (torch.cat(embeds) if n > 1 else embeds[0]) if has_embeds else None
         static = self._static(key, emb)
         if static is None:
             return None
-        static.staged.write(ids, slots, lens, pos.cpu().numpy(), tables)
+        static.staged.write(ids, slots, lens, pos.cpu().numpy(), tables, self._sample_slots(seqs))
         if emb is not None:
             s = static.batch.inputs_embeds
             s[:n].copy_(emb)
@@ -137,11 +181,22 @@ class DecodeGraphs:
         else:
             out = self._body(static)
         self.num_replays += 1
-        return ForwardOutput(out.hidden[:n], {t: v[:n] for t, v in out.taps.items()})
+        tokens = None if out.tokens is None else out.tokens[:n]
+        return ForwardOutput(out.hidden[:n], {t: v[:n] for t, v in out.taps.items()}, tokens)
 
     def stats(self) -> dict[str, Any]:
         return {"graphs": sum(s.graph is not None for s in self.statics.values()), "shapes": len(self.statics),
-                "decode_graph_steps": self.num_replays, "graphs_disabled": self.disabled}
+                "decode_graph_steps": self.num_replays, "graphs_disabled": self.disabled,
+                "graph_captures": self.num_captures, "graph_late_captures": self.late_captures,
+                "graph_capture_seconds": round(self.capture_seconds, 3)}
+
+    def _mode(self, seqs: list) -> SampleMode | None:
+        return None if self.sampler is None else self.sampler.mode_for(seqs)
+
+    def _sample_slots(self, seqs: list) -> list[int]:
+        if self.sampler is None:
+            return [0] * len(seqs)
+        return [s.sample_slot for s in seqs]
 
     # ---- shapes -----------------------------------------------------------------------
     def _ctx_blocks_for(self, max_seq_len: int) -> int:
@@ -156,24 +211,31 @@ class DecodeGraphs:
     def _key(self, batch: ForwardBatch) -> tuple:
         pos = batch.positions
         return (_bucket(batch.num_tokens, self.sizes), self._ctx_blocks_for(batch.attn.max_seq_len),
-                tuple(batch.tap_layers),
-                batch.inputs_embeds is not None, tuple(pos.shape[:-1]), pos.dtype)
+                tuple(batch.tap_layers), batch.inputs_embeds is not None, tuple(pos.shape[:-1]), pos.dtype,
+                self._mode([s.seq for s in batch.spans]))
 
     def _static(self, key: tuple, embeds_like: torch.Tensor | None) -> _Static | None:
         """The key's static buffers (and graph, captured on first use); None if capture failed."""
         static = self.statics.get(key)
         if static is None:
             static = self._new_static(key, embeds_like)
-            if self.capture and not self._capture(static):
-                return None
+            if self.capture:
+                t0 = time.monotonic()
+                if not self._capture(static):
+                    return None
+                self.capture_seconds += time.monotonic() - t0
+                if self.warmed:
+                    self.late_captures += 1
+                    log.warning("decode graph for %s captured after start-up (%.2f s)", key, time.monotonic() - t0)
             self.statics[key] = static
         return static
 
     def _new_static(self, key: tuple, embeds_like: torch.Tensor | None) -> _Static:
-        size, ctx_blocks, taps, embeds, pos_lead, pos_dtype = key
+        size, ctx_blocks, taps, embeds, pos_lead, pos_dtype, mode = key
         dev, bs = self.device, self.block_size
         max_seq = ctx_blocks * bs
-        staged = StagedInputs(size, ctx_blocks, pos_lead, pos_dtype, self.scratch_block, bs, dev)
+        sample_scratch = self.sampler.scratch_slot if self.sampler is not None else 0
+        staged = StagedInputs(size, ctx_blocks, pos_lead, pos_dtype, self.scratch_block, bs, dev, sample_scratch)
         attn = AttentionMetadata(
             slot_mapping=staged.dev["slot_mapping"],
             block_tables=staged.dev["block_tables"],
@@ -197,7 +259,7 @@ class DecodeGraphs:
             kv_cache=self.kv_cache,
             tap_layers=taps,
         )
-        return _Static(batch, torch.arange(max_seq, device=dev), staged)
+        return _Static(batch, torch.arange(max_seq, device=dev), staged, mode)
 
     def _fill(self, static: _Static, batch: ForwardBatch) -> None:
         """Copy the step's inputs into the static buffers; padding rows point at the scratch slot."""
@@ -219,12 +281,20 @@ class DecodeGraphs:
         a.block_tables[n:].fill_(self.scratch_block)
         a.seq_lens[:n].copy_(src.seq_lens)
         a.seq_lens[n:].fill_(1)
+        sample_slots = static.staged.dev["sample_slots"]
+        sample_slots.fill_(static.staged.sample_scratch)
+        if static.mode is not None:
+            sample_slots[:n].copy_(self.sampler.slots_of([sp.seq for sp in batch.spans]))
 
     # ---- capture ----------------------------------------------------------------------
     def _body(self, static: _Static) -> ForwardOutput:
         a = static.batch.attn
         a.attn_mask.copy_((static.k_pos[None, :] < a.seq_lens[:, None])[:, None, None, :])
-        return self.model.forward(static.batch)
+        out = self.model.forward(static.batch)
+        if static.mode is not None:
+            logits = self.model.compute_logits(out.hidden)
+            out.tokens = self.sampler.sample(logits, static.staged.dev["sample_slots"], static.mode)
+        return out
 
     def _tensors_to_device(self) -> None:
         """Plain tensor attributes (e.g. rotary `inv_freq` kept on the host) would be copied to

@@ -50,7 +50,8 @@ class StepOutput:
     finished: bool = False
     finish_reason: str | None = None
     extra: dict[str, Any] | None = None  # from ARModel.after_sample
-    error: str | None = None  # the engine failed this request (an SGLang-side error); it is over
+    error: str | None = None  # the engine failed this request (non-finite logits, an SGLang-side error); it is over
+    error_kind: str | None = None  # omni.kernel.errors kind (None: a stage failure)
 
 
 class AREngine:
@@ -70,18 +71,44 @@ class AREngine:
             dtype, config.device,
         )
         self.scheduler = Scheduler(config, ready=model.input_ready)
+        if spec.vocab_size < 1:
+            raise InvalidRequest(f"{type(model).__name__}.kv_cache_spec() must give vocab_size (the logits' width)")
+        self.sampler = Sampler(spec.vocab_size, config.max_num_seqs, config.device, model.logits_processors())
         kernel = decode_kernel(config, self.kv_cache)
         runner_graphs = None
         if graphs:
             runner_graphs = DecodeGraphs(model, self.kv_cache, config.block_size, config.max_model_len,
                                          config.cuda_graph_max_batch or config.max_num_seqs, config.num_blocks,
-                                         config.device, kernel)
+                                         config.device, kernel, self.sampler)
         self.runner = ModelRunner(model, self.kv_cache, config.block_size, config.device, runner_graphs, kernel)
-        self.sampler = Sampler()
         self.seqs: dict[str, Sequence] = {}
         self.eos = frozenset(config.eos_token_ids)
         self.num_steps = 0
         self.num_generated = 0
+
+    def warmup(self, tap_variants: list[tuple[int, ...]] | None = None) -> int:
+        """Capture every decode graph serving can hit (on CUDA, with `cuda_graphs`), so that no
+        request waits on a capture; returns how many. `tap_variants`: the tap sets steps will ask
+        for (default: none and the config's)."""
+        graphs = self.runner.graphs
+        if graphs is None or not graphs.capture:
+            return 0
+        form = self.model.decode_form
+        if form is None:
+            log.warning("%s declares no decode_form: decode graphs are captured on first use", type(self.model).__name__)
+            return 0
+        variants = tap_variants if tap_variants is not None else list(dict.fromkeys([(), self.config.tap_layers]))
+        total = len(graphs.keys(form, variants))
+        log.info("capturing %d decode graphs (batch buckets %s, taps %s)", total, graphs.sizes, variants)
+        step = max(1, total // 10)
+
+        def progress(done: int, total: int) -> None:
+            if done % step == 0 or done == total:
+                log.info("decode graphs: %d/%d captured (%.1f s)", done, total, graphs.capture_seconds)
+
+        n = graphs.capture_all(form, variants, progress)
+        log.info("decode graphs: %d captured in %.1f s", n, graphs.capture_seconds)
+        return n
 
     # ---- requests -----------------------------------------------------------------
     def add_request(
@@ -101,7 +128,12 @@ class AREngine:
             raise InvalidRequest("empty prompt")
         if len(prompt) > self.config.max_model_len:
             raise InvalidRequest(f"prompt of {len(prompt)} tokens exceeds max_model_len {self.config.max_model_len}")
-        seq = Sequence(rid, prompt, params or SamplingParams(), return_hidden=return_hidden)
+        params = params or SamplingParams()
+        vocab = self.sampler.vocab_size
+        bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"logit_bias names token ids outside the vocabulary of {vocab}: {bad[:8]}")
+        seq = Sequence(rid, prompt, params, return_hidden=return_hidden)
         self.model.prepare(seq, inputs or {})
         self.seqs[rid] = seq
         self.scheduler.add(seq)
@@ -112,15 +144,24 @@ class AREngine:
         seq = self.seqs.pop(rid, None)
         if seq is None:
             return False
-        self.scheduler.finish(seq, FinishReason.ABORT)
-        self.model.release(seq)
+        self._finish(seq, FinishReason.ABORT)
         return True
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.scheduler.finish(seq, reason)
+        self.sampler.release(seq)
+        self.model.release(seq)
 
     # ---- stepping -----------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         sched = self.scheduler.schedule()
+        for seq in sched.preempted:
+            self.sampler.release(seq)  # rebuilt from the host state when it is admitted again
         if not sched.scheduled:
             return []
+        for item in sched.scheduled:
+            if item.samples:
+                self.sampler.assign(item.seq)
         taps = self.config.tap_layers if any(s.seq.return_hidden for s in sched.scheduled) else ()
         batch = self.runner.prepare(sched.scheduled, taps)
         out = self.runner.run(batch)
@@ -135,10 +176,13 @@ class AREngine:
                 hidden = out.hidden[: len(rows)]
             else:
                 hidden = out.hidden[torch.tensor(rows, device=out.hidden.device)]
-            logits = self.runner.logits(hidden)
             seqs = [s.seq for s in sampling]
-            token_ids = self.sampler(logits, seqs)
-            extras = self.model.after_sample(seqs, token_ids, hidden)
+            tokens = out.tokens
+            if tokens is None:  # sampled here unless the decode graph already did
+                tokens = self.sampler.sample(self.runner.logits(hidden), self.sampler.slots_of(seqs),
+                                             self.sampler.mode_for(seqs), seqs)
+            extras = self.model.after_sample(seqs, tokens, hidden)
+            token_ids = tokens.tolist()  # the step's one host sync
 
         results: dict[str, StepOutput] = {}
         for span in batch.spans:
@@ -154,6 +198,12 @@ class AREngine:
                 seq.num_tapped_tokens = span.end
         for i, span in enumerate(sampling):
             res = results[span.seq.rid]
+            if token_ids[i] < 0:
+                self.seqs.pop(span.seq.rid, None)
+                self._finish(span.seq, FinishReason.ABORT)
+                res.taps, res.error_kind = {}, "invalid_request"
+                res.error = "the model's output was not finite for this request (NaN or inf logits): check its inputs"
+                continue
             res.new_token_ids = [token_ids[i]]
             if extras is not None:
                 res.extra = extras[i]
@@ -170,8 +220,7 @@ class AREngine:
         elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens > self.config.max_model_len:
             reason = FinishReason.LENGTH
         if reason is not None:
-            self.scheduler.finish(seq, reason)
-            self.model.release(seq)
+            self._finish(seq, reason)
             self.seqs.pop(seq.rid, None)
             res.finished, res.finish_reason = True, reason.value
 

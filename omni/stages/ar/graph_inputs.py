@@ -1,7 +1,7 @@
 """A decode graph's fixed-shape inputs, written on the host and sent to the device in one copy.
 
 Per step a decode graph needs token ids, cache slots, context lengths, rope positions ([B] or
-[P, B]) and block tables ([B, ctx_blocks]). Written one by one they cost a handful of small
+[P, B]), the rows' sampler slots and block tables ([B, ctx_blocks]). Written one by one they cost a handful of small
 kernels and blocking H2D copies per step; here they live side by side in one byte buffer on the
 device (the graph reads views of it) mirrored by one pinned host buffer that plain Python writes
 through numpy views. A step then costs one non-blocking copy of the small header (ids, slots,
@@ -67,11 +67,13 @@ class StagedInputs:
     """One graph key's inputs: device views into one byte buffer and numpy views of its host mirror."""
 
     def __init__(self, size: int, ctx_blocks: int, pos_lead: tuple[int, ...], pos_dtype: torch.dtype,
-                 scratch_block: int, block_size: int, device: torch.device) -> None:
+                 scratch_block: int, block_size: int, device: torch.device, sample_scratch: int = 0) -> None:
         self.size, self.ctx_blocks, self.scratch_block = size, ctx_blocks, scratch_block
         self.scratch_slot = scratch_block * block_size
+        self.sample_scratch = sample_scratch
         layout = [("input_ids", (size,), torch.long), ("slot_mapping", (size,), torch.long),
-                  ("seq_lens", (size,), torch.long), ("positions", (*pos_lead, size), pos_dtype),
+                  ("seq_lens", (size,), torch.long), ("sample_slots", (size,), torch.long),
+                  ("positions", (*pos_lead, size), pos_dtype),
                   ("block_tables", (size, ctx_blocks), torch.long)]
         offsets, total = [], 0
         for _, shape, dtype in layout:
@@ -93,6 +95,7 @@ class StagedInputs:
             self.np[name] = host[off : off + nbytes].view(numpy_dtype(dtype) or raw).reshape(shape)
         self.np["slot_mapping"][:] = self.scratch_slot
         self.np["seq_lens"][:] = 1
+        self.np["sample_slots"][:] = sample_scratch
         self.np["block_tables"][:] = scratch_block
         self.owner: list[Any] = [None] * size  # the block-table list each row holds (None: scratch)
         self.written = [0] * size
@@ -105,7 +108,7 @@ class StagedInputs:
         self.written = [0] * self.size
 
     def write(self, ids: list[int], slots: list[int], lens: list[int], positions: np.ndarray,
-              tables: list[list[int]]) -> None:
+              tables: list[list[int]], sample_slots: list[int]) -> None:
         """Write one step's n rows (padding after them) on the host, then send what changed."""
         if self.event is not None:
             self.event.synchronize()  # the previous step's copy has left the host buffer
@@ -113,11 +116,13 @@ class StagedInputs:
         a["input_ids"][:n] = ids
         a["slot_mapping"][:n] = slots
         a["seq_lens"][:n] = lens
+        a["sample_slots"][:n] = sample_slots
         a["positions"][..., :n] = positions
         if n < size:
             a["input_ids"][n:] = 0
             a["slot_mapping"][n:] = self.scratch_slot
             a["seq_lens"][n:] = 1
+            a["sample_slots"][n:] = self.sample_scratch
             a["positions"][..., n:] = 0
         lo, hi = self._write_tables(tables)
         dev, host = self.device_buf, self.host

@@ -41,12 +41,23 @@ if TYPE_CHECKING:
 
 @dataclass
 class KVCacheSpec:
-    """What the engine needs to allocate the paged KV cache for a model."""
+    """What the engine allocates for a model: the paged KV cache and the sampler's per-slot rows."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype = torch.float32
+    vocab_size: int = 0  # width of `compute_logits`
+
+
+@dataclass(frozen=True)
+class DecodeForm:
+    """The shape of a model's decode-step inputs, so that every decode graph can be captured at
+    start-up: whether rows come as embeddings, and the rope positions' leading dims and dtype."""
+
+    embeds: bool = False
+    pos_lead: tuple[int, ...] = ()
+    pos_dtype: torch.dtype = torch.long
 
 
 @dataclass
@@ -96,6 +107,7 @@ class ForwardBatch:
 class ForwardOutput:
     hidden: torch.Tensor  # [T, H] final hidden (what `compute_logits` takes)
     taps: dict[int, torch.Tensor] = field(default_factory=dict)  # tap index -> [T, H]
+    tokens: torch.Tensor | None = None  # [T] sampled inside a decode graph (-1: non-finite logits)
 
 
 class ARModel:
@@ -103,7 +115,16 @@ class ARModel:
 
     Required: `kv_cache_spec`, `embed_tokens`, `forward`, `compute_logits`.
     A subclass may also be an `nn.Module` (list `nn.Module` first in the bases).
+    `decode_form` (with `supports_cuda_graphs`) lets the engine capture every decode graph at
+    start-up; `logits_processors` are the model's rules, run inside the one sampler.
     """
+
+    supports_cuda_graphs = False
+    decode_form: DecodeForm | None = None
+
+    def logits_processors(self) -> list:
+        """`omni.stages.ar.sampler.LogitsProcessor`s applied to every row (e.g. suppressed ids)."""
+        return []
 
     def kv_cache_spec(self) -> KVCacheSpec:
         raise NotImplementedError
@@ -140,10 +161,11 @@ class ARModel:
         """False parks `seq` until the adapter has the input its next step needs."""
         return True
 
-    def after_sample(self, seqs: list["Sequence"], token_ids: list[int], hidden: torch.Tensor) -> list[dict] | None:
-        """Runs after sampling, before stop checks. `hidden` [N, H] are the rows that made
-        the logits. May return one dict per sequence; the engine passes it on as
-        `StepOutput.extra` (e.g. the talker's other codebook codes)."""
+    def after_sample(self, seqs: list["Sequence"], tokens: torch.Tensor, hidden: torch.Tensor) -> list[dict] | None:
+        """Runs after sampling, before stop checks and before the tokens reach the host:
+        `tokens` [N] on the device (-1 for a row whose logits were not finite), `hidden` [N, H]
+        the rows that made the logits. May return one dict per sequence; the engine passes it
+        on as `StepOutput.extra` (e.g. the talker's other codebook codes)."""
         return None
 
     def release(self, seq: "Sequence") -> None:

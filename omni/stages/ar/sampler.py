@@ -1,85 +1,267 @@
-"""Per-request sampling of the next token from a batch of logits.
+"""The one sampler of every AR stage and of the code predictor: batched, on the device, graph-safe.
 
-Processing order matches transformers' logits processors: repetition penalty (over prompt
-and output tokens, or output only), suppressed tokens, then greedy argmax at temperature 0,
-else temperature, top-k, top-p and one multinomial draw. Filters run batched over the rows
-with per-row parameters; a request with a seed draws from its own `torch.Generator`, so its
-samples do not depend on what else is in the batch.
+Per row, in transformers' order: penalties (repetition over the tokens a row has seen,
+presence and frequency over its output, as vLLM defines them), additive bias (suppressed ids
+are -inf), the model's logits processors, then greedy argmax at temperature 0, else
+temperature, top-k, top-p, min-p and one draw. Every parameter is a per-row tensor; nothing in
+`Sampler.sample` reads a Python value of a row or syncs with the host, so a decode step's CUDA
+graph records it whole.
+
+Draws are an exponential race (argmax of p_i / E_i, E_i ~ Exp(1)) whose noise is a counter-based
+hash of (row seed, row draw counter, token id): a seeded request gets the same tokens alone or
+batched, replayed from a graph or run eagerly, on CPU or GPU. Unseeded requests get a random
+seed at admission.
+
+State lives in slots: one row per running sequence (plus a scratch row for padding), holding
+its parameters, a device count of its output tokens, a mask of its prompt tokens and its bias
+row. A slot is (re)built from the sequence's host state when the sequence is admitted, and
+freed when it is preempted, finished or aborted.
 """
 
 from __future__ import annotations
 
+import enum
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence as Seq
+
 import torch
 
-from omni.stages.ar.sequence import Sequence
+if TYPE_CHECKING:
+    from omni.stages.ar.sequence import Sequence
+
+NEG_INF = float("-inf")
+_M32 = 0xFFFFFFFF
+_M31 = 0x7FFFFFFF
+SMALL_VOCAB = 32768  # at or below: every batch takes the full path (its sort is cheap)
 
 
-def apply_repetition_penalty(logits: torch.Tensor, token_ids: list[int], penalty: float) -> torch.Tensor:
-    """Divide positive / multiply negative logits of seen tokens by `penalty` (in place, one row)."""
-    vocab = logits.shape[-1]
-    ids = torch.tensor(sorted({t for t in token_ids if 0 <= t < vocab}), dtype=torch.long, device=logits.device)
-    if ids.numel():
-        seen = logits[ids]
-        logits[ids] = torch.where(seen < 0, seen * penalty, seen / penalty)
-    return logits
+class SampleMode(enum.IntEnum):
+    """How much of the pipeline a batch needs (a CUDA-graph key): filters need one sort."""
+
+    SAMPLE = 1  # penalties, bias, greedy rows, temperature, min-p, draw
+    FILTER = 2  # ... and top-k / top-p
 
 
-def top_k_filter(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """[N, V] logits, [N] k (0 = off): keep each row's k largest (and ties)."""
-    vocab = logits.shape[-1]
-    k = torch.where((k <= 0) | (k > vocab), torch.full_like(k, vocab), k)
-    kth = torch.sort(logits, dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
-    return logits.masked_fill(logits < kth, float("-inf"))
+@dataclass
+class RowParams:
+    """Per-row sampling parameters, each [B] on the logits' device."""
+
+    temperature: torch.Tensor  # float32; 0 = greedy
+    top_k: torch.Tensor  # int64; 0 = off
+    top_p: torch.Tensor  # float32; 1 = off
+    min_p: torch.Tensor  # float32; 0 = off
+    seed: torch.Tensor  # int64
+    counter: torch.Tensor  # int64: the row's draw index (tokens it sampled so far)
+
+    @classmethod
+    def constant(cls, batch: int, device, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 min_p: float = 0.0) -> "RowParams":
+        def full(value, dtype):
+            return torch.full((batch,), value, dtype=dtype, device=device)
+
+        return cls(full(temperature, torch.float32), full(top_k, torch.long), full(top_p, torch.float32),
+                   full(min_p, torch.float32), full(0, torch.long), full(0, torch.long))
 
 
-def top_p_filter(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """[N, V] logits, [N] p: keep the smallest set reaching probability p (at least one)."""
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
-    cumulative = sorted_logits.softmax(-1).cumsum(-1)
-    remove = cumulative <= (1.0 - p[:, None])
-    remove[:, -1] = False
-    return logits.masked_fill(remove.scatter(1, order, remove), float("-inf"))
+# ---- noise ------------------------------------------------------------------------------
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (lowbias32-style) on int64 holding [0, 2^32): exact on every device."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x5BD1E995) & _M32
+    return x ^ (x >> 16)
 
 
+def uniform_noise(seed: torch.Tensor, counter: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
+    """[B] seeds, [B] counters, [V] token ids -> [B, V] uniforms in (0, 1), a pure function of the three."""
+    row = _mix32((seed & _M31) ^ _mix32((counter & _M31) ^ 0x2545F491))
+    x = _mix32((row[:, None] + vocab[None, :] * 0x9E3779B1) & _M32)
+    return ((x >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))  # 23 bits + 0.5: exact in float32, never 0 or 1
+
+
+# ---- the pipeline -----------------------------------------------------------------------
+def apply_penalties(logits: torch.Tensor, seen: torch.Tensor, counts: torch.Tensor, repetition: torch.Tensor,
+                    presence: torch.Tensor, frequency: torch.Tensor) -> torch.Tensor:
+    """[B, V] logits; `seen` [B, V] bool (tokens the repetition penalty covers), `counts` [B, V]
+    output counts; per-row [B] penalties (1, 0, 0 = off)."""
+    r = repetition[:, None]
+    logits = torch.where(seen, torch.where(logits < 0, logits * r, logits / r), logits)
+    return logits - frequency[:, None] * counts - presence[:, None] * (counts > 0).to(logits.dtype)
+
+
+def warp(logits: torch.Tensor, rows: RowParams, mode: SampleMode) -> torch.Tensor:
+    """Temperature, then top-k and top-p (FILTER mode), then min-p, as transformers' warpers do.
+    Greedy rows are divided by 1 (their token is the argmax before warping)."""
+    t = torch.where(rows.temperature > 0, rows.temperature, torch.ones_like(rows.temperature))
+    x = logits / t[:, None]
+    vocab = x.shape[-1]
+    if mode >= SampleMode.FILTER:
+        k = torch.where((rows.top_k <= 0) | (rows.top_k > vocab), torch.full_like(rows.top_k, vocab), rows.top_k)
+        s, order = torch.sort(x, dim=-1)  # ascending, as transformers' top-p
+        kth = s.gather(1, (vocab - k)[:, None])
+        s = s.masked_fill(s < kth, NEG_INF)
+        remove = s.softmax(-1).cumsum(-1) <= (1.0 - rows.top_p)[:, None]
+        remove[:, -1] = False
+        x = torch.empty_like(x).scatter_(1, order, s.masked_fill(remove, NEG_INF))
+    probs = x.softmax(-1)
+    floor = rows.min_p[:, None] * probs.amax(-1, keepdim=True)
+    return x.masked_fill(probs < floor, NEG_INF)
+
+
+def draw(logits: torch.Tensor, warped: torch.Tensor, rows: RowParams, vocab_ids: torch.Tensor) -> torch.Tensor:
+    """One token per row: argmax of `logits` for greedy rows, else an exponential race over
+    softmax(`warped`) with the row's hashed noise."""
+    greedy = logits.argmax(-1)
+    exponential = -torch.log(uniform_noise(rows.seed, rows.counter, vocab_ids))
+    sampled = (warped.softmax(-1) / exponential).argmax(-1)
+    return torch.where(rows.temperature > 0, sampled, greedy)
+
+
+def sample_rows(logits: torch.Tensor, rows: RowParams, mode: SampleMode = SampleMode.FILTER,
+                vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Stateless sampling of [B, V] logits with per-row `rows` (the code predictor's path)."""
+    logits = logits.float()
+    if vocab_ids is None:
+        vocab_ids = torch.arange(logits.shape[-1], device=logits.device)
+    return draw(logits, warp(logits, rows, mode), rows, vocab_ids)
+
+
+def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """[B] bool: rows holding NaN or +inf (a poisoned request: no token can be drawn from them)."""
+    return torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1)
+
+
+# ---- logits processors ------------------------------------------------------------------
+class LogitsProcessor:
+    """A model's rule over the logits, run after penalties and bias, before warping.
+
+    `graph_safe` processors are tensor code over `slots` only (they run inside CUDA graphs,
+    where `seqs` is None); others get the host sequences and make the engine sample eagerly.
+    """
+
+    graph_safe = True
+
+    def __call__(self, logits: torch.Tensor, slots: torch.Tensor, seqs: "list[Sequence] | None") -> torch.Tensor:
+        raise NotImplementedError
+
+
+class SuppressTokens(LogitsProcessor):
+    """Ids a model never emits (e.g. the talker's codec specials): -inf on every row."""
+
+    def __init__(self, token_ids: Seq[int], vocab_size: int, device) -> None:
+        mask = torch.zeros(vocab_size, dtype=torch.bool)
+        ids = [int(t) for t in token_ids if 0 <= int(t) < vocab_size]
+        mask[ids] = True
+        self.mask = mask.to(device)
+
+    def __call__(self, logits, slots, seqs):
+        return logits.masked_fill(self.mask, NEG_INF)
+
+
+# ---- the stateful sampler of an engine --------------------------------------------------
 class Sampler:
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """logits [N, V] for `seqs` (same order) -> one token id each."""
-        params = [s.params for s in seqs]
-        if all(p.greedy and p.repetition_penalty == 1.0 and not p.suppress_token_ids for p in params):
-            return logits.argmax(-1).tolist()
-        logits = logits.float().clone()
-        for i, (seq, p) in enumerate(zip(seqs, params)):
-            if p.repetition_penalty != 1.0:
-                seen = seq.all_token_ids() if p.penalty_includes_prompt else seq.output_token_ids
-                apply_repetition_penalty(logits[i], seen, p.repetition_penalty)
-            if p.suppress_token_ids:
-                ids = [t for t in p.suppress_token_ids if 0 <= t < logits.shape[-1]]
-                logits[i, torch.tensor(ids, dtype=torch.long, device=logits.device)] = float("-inf")
-        out = logits.argmax(-1)
-        rows = [i for i, p in enumerate(params) if not p.greedy]
-        if rows:
-            out[rows] = self._draw(logits[rows], [seqs[i] for i in rows])
-        return out.tolist()
+    """Slots of per-sequence sampling state and the batched `sample` over them."""
 
-    def _draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        dev = logits.device
-        temperature = torch.tensor([s.params.temperature for s in seqs], device=dev)
-        logits = logits / temperature[:, None]
-        top_k = torch.tensor([s.params.top_k for s in seqs], device=dev)
-        if bool((top_k > 0).any()):
-            logits = top_k_filter(logits, top_k)
-        top_p = torch.tensor([s.params.top_p for s in seqs], device=dev)
-        if bool((top_p < 1.0).any()):
-            logits = top_p_filter(logits, top_p)
-        probs = logits.softmax(-1)
-        out = torch.empty(len(seqs), dtype=torch.long, device=dev)
-        shared = [i for i, s in enumerate(seqs) if s.params.seed is None]
-        if shared:
-            out[shared] = torch.multinomial(probs[shared], 1).flatten()
-        for i, seq in enumerate(seqs):
-            if seq.params.seed is None:
-                continue
-            if seq.generator is None:
-                seq.generator = torch.Generator(device=dev).manual_seed(int(seq.params.seed))
-            out[i] = torch.multinomial(probs[i], 1, generator=seq.generator)[0]
-        return out
+    def __init__(self, vocab_size: int, num_slots: int, device, processors: Seq[LogitsProcessor] = ()) -> None:
+        dev = self.device = torch.device(device)
+        self.vocab_size, self.num_slots = vocab_size, num_slots
+        rows = num_slots + 1  # + the scratch slot of padding rows
+        self.scratch_slot = num_slots
+        self.processors = list(processors)
+        self.vocab_ids = torch.arange(vocab_size, device=dev)
+        self.fparams = torch.zeros(rows, 6, dtype=torch.float32, device=dev)  # temp top_p min_p rep pres freq
+        self.iparams = torch.zeros(rows, 3, dtype=torch.long, device=dev)  # top_k seed counter
+        self.fparams[:, 1] = 1.0
+        self.fparams[:, 3] = 1.0
+        self.counts = torch.zeros(rows, vocab_size, dtype=torch.float32, device=dev)
+        self.prompt_seen = torch.zeros(rows, vocab_size, dtype=torch.bool, device=dev)
+        self.bias = torch.zeros(rows, vocab_size, dtype=torch.float32, device=dev)
+        self._free = list(range(num_slots - 1, -1, -1))
+        self._ids_cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    @property
+    def graph_safe(self) -> bool:
+        return all(p.graph_safe for p in self.processors)
+
+    # ---- slots --------------------------------------------------------------------
+    def assign(self, seq: "Sequence") -> int:
+        """Give `seq` a slot built from its host state (params, prompt, outputs so far)."""
+        if seq.sample_slot is not None:
+            return seq.sample_slot
+        if not self._free:
+            raise RuntimeError(f"sampler: all {self.num_slots} slots are taken")
+        slot = seq.sample_slot = self._free.pop()
+        p = seq.params
+        if seq.sample_seed is None:
+            seq.sample_seed = int(p.seed) if p.seed is not None else random.getrandbits(31)
+        self.fparams[slot] = torch.tensor([p.temperature, p.top_p, p.min_p, p.repetition_penalty,
+                                           p.presence_penalty, p.frequency_penalty])
+        self.iparams[slot] = torch.tensor([p.top_k, seq.sample_seed, len(seq.output_token_ids)])
+        self.counts[slot].zero_()
+        if seq.output_token_ids:
+            out = self._ids(tuple(seq.output_token_ids))
+            self.counts[slot].index_put_((out,), torch.ones_like(out, dtype=torch.float32), accumulate=True)
+        self.prompt_seen[slot].zero_()
+        if p.repetition_penalty != 1.0 and p.penalty_includes_prompt:
+            self.prompt_seen[slot, self._ids(tuple(seq.prompt_token_ids))] = True
+        self.bias[slot].zero_()
+        for token, value in p.logit_bias:
+            if 0 <= token < self.vocab_size:
+                self.bias[slot, token] = value
+        if p.suppress_token_ids:
+            self.bias[slot, self._ids(p.suppress_token_ids)] = NEG_INF
+        return slot
+
+    def release(self, seq: "Sequence") -> None:
+        if seq.sample_slot is not None:
+            self._free.append(seq.sample_slot)
+            seq.sample_slot = None
+
+    def _ids(self, ids: tuple[int, ...]) -> torch.Tensor:
+        """Valid ids as a device tensor (cached for repeated sets such as suppressed ranges)."""
+        cached = self._ids_cache.get(ids)
+        if cached is None:
+            valid = [t for t in ids if 0 <= t < self.vocab_size]
+            cached = torch.tensor(valid, dtype=torch.long).to(self.device)
+            if len(ids) > 64:
+                self._ids_cache[ids] = cached
+        return cached
+
+    def mode_for(self, seqs: "list[Sequence]") -> SampleMode:
+        if self.vocab_size <= SMALL_VOCAB:
+            return SampleMode.FILTER
+        if any(s.params.top_k > 0 or s.params.top_p < 1.0 for s in seqs):
+            return SampleMode.FILTER
+        return SampleMode.SAMPLE
+
+    def slots_of(self, seqs: "list[Sequence]") -> torch.Tensor:
+        return torch.tensor([s.sample_slot for s in seqs], dtype=torch.long).to(self.device, non_blocking=True)
+
+    # ---- sampling -----------------------------------------------------------------
+    def process(self, logits: torch.Tensor, slots: torch.Tensor, mode: SampleMode,
+                seqs: "list[Sequence] | None" = None) -> tuple[torch.Tensor, torch.Tensor, RowParams]:
+        """The rows' logits after penalties, bias and processors (what greedy rows argmax), after
+        warping too (what sampling rows draw from), and their parameters."""
+        f, i = self.fparams[slots], self.iparams[slots]
+        counts = self.counts[slots]
+        seen = self.prompt_seen[slots] | (counts > 0)
+        x = apply_penalties(logits.float(), seen, counts, f[:, 3], f[:, 4], f[:, 5]) + self.bias[slots]
+        for processor in self.processors:
+            x = processor(x, slots, seqs)
+        rows = RowParams(f[:, 0], i[:, 0], f[:, 1], f[:, 2], i[:, 1], i[:, 2])
+        return x, warp(x, rows, mode), rows
+
+    def sample(self, logits: torch.Tensor, slots: torch.Tensor, mode: SampleMode,
+               seqs: "list[Sequence] | None" = None) -> torch.Tensor:
+        """[B, V] logits of the rows in `slots` -> [B] token ids (-1 for a row whose logits are
+        not finite). Counts each drawn token into its slot. Graph-safe when every processor is."""
+        logits = logits.float()
+        x, warped, rows = self.process(logits, slots, mode, seqs)
+        tokens = draw(x, warped, rows, self.vocab_ids)
+        tokens = torch.where(nonfinite_rows(logits), torch.full_like(tokens, -1), tokens)
+        ones = torch.ones_like(tokens, dtype=torch.float32)
+        self.counts.index_put_((slots, tokens.clamp_min(0)), ones, accumulate=True)
+        self.iparams[:, 2].index_put_((slots,), torch.ones_like(tokens), accumulate=True)
+        return tokens

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,17 +19,22 @@ from omni.kernel.errors import InvalidRequest
 
 @dataclass
 class SamplingParams:
-    """Per-request sampling; temperature 0 means greedy (top-k/top-p/seed are then unused).
+    """Per-request sampling; temperature 0 means greedy (top-k/top-p/min-p/seed are then unused).
 
-    Processing order follows transformers: repetition penalty, suppressed tokens,
-    temperature, top-k, top-p, then one draw from the request's own generator.
+    Processing order follows transformers: penalties, bias and suppressed tokens, the model's
+    logits processors, temperature, top-k, top-p, min-p, then one draw keyed by the seed
+    (see `omni.stages.ar.sampler`).
     """
 
     temperature: float = 1.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
+    min_p: float = 0.0  # drop tokens below min_p x the top probability (0 = off)
     repetition_penalty: float = 1.0  # over prompt and output tokens, as transformers does
     penalty_includes_prompt: bool = True  # False: output tokens only (transformers with inputs_embeds)
+    presence_penalty: float = 0.0  # OpenAI's: minus this for every token already output
+    frequency_penalty: float = 0.0  # OpenAI's: minus this times the token's output count
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added logit); a dict is accepted
     seed: int | None = None
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()  # always stop (the stop token is returned)
@@ -38,12 +44,24 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
         self.suppress_token_ids = tuple(int(t) for t in self.suppress_token_ids)
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        try:
+            self.logit_bias = tuple((int(t), float(v)) for t, v in bias)
+        except (TypeError, ValueError):
+            raise InvalidRequest("logit_bias must map token ids to numbers") from None
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            if not math.isfinite(float(getattr(self, name))):
+                raise InvalidRequest(f"{name} must be finite, got {getattr(self, name)}")
+        if not all(math.isfinite(v) for _, v in self.logit_bias):
+            raise InvalidRequest("logit_bias values must be finite")
         if self.temperature < 0:
             raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise InvalidRequest(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidRequest(f"min_p must be in [0, 1], got {self.min_p}")
         if self.repetition_penalty <= 0:
             raise InvalidRequest(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.max_tokens < 1:
@@ -100,7 +118,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
-    generator: Any = None  # torch.Generator when seeded; created by the sampler
+    sample_slot: int | None = None  # the sampler's state row while running (see sampler.Sampler)
+    sample_seed: int | None = None  # params.seed, or a random one drawn at first admission
     arrival: int = field(default_factory=lambda: next(_arrival))
 
     @property

@@ -9,9 +9,9 @@ land on a thread-safe queue that `step()` drains (waiting at most `poll_s` while
 flight), so continuous batching is SGLang's own and the actor's compute thread never blocks long.
 
 Mapping:
-- sampling: temperature, top_p, top_k (0 -> -1), repetition_penalty, max_tokens -> max_new_tokens
-  (capped by the context left), stop_token_ids, ignore_eos, seed -> sampling_seed,
-  suppress_token_ids -> logit_bias -inf. A penalty over output tokens only
+- sampling: temperature, top_p, top_k (0 -> -1), min_p, repetition / presence / frequency
+  penalties, max_tokens -> max_new_tokens (capped by the context left), stop_token_ids, ignore_eos,
+  seed -> sampling_seed, logit_bias, suppress_token_ids -> logit_bias -inf. A penalty over output tokens only
   (`penalty_includes_prompt=False`) has no SGLang equivalent: rejected as InvalidRequest.
 - abort: `tokenizer_manager.abort_request(rid)` on the loop; SGLang frees the request's KV slots
   in its own pool when its scheduler sees the abort (asynchronously, unlike the built-in engine;
@@ -58,15 +58,20 @@ def sglang_sampling(params: SamplingParams, max_new_tokens: int) -> dict[str, An
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k or -1,
+        "min_p": params.min_p,
         "repetition_penalty": params.repetition_penalty,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
         "max_new_tokens": min(params.max_tokens, max_new_tokens),
         "stop_token_ids": list(params.stop_token_ids),
         "ignore_eos": params.ignore_eos,
     }
     if params.seed is not None:
         out["sampling_seed"] = params.seed
-    if params.suppress_token_ids:
-        out["logit_bias"] = {str(t): -float("inf") for t in params.suppress_token_ids}
+    bias = {str(t): v for t, v in params.logit_bias}
+    bias.update({str(t): -float("inf") for t in params.suppress_token_ids})
+    if bias:
+        out["logit_bias"] = bias
     return out
 
 

@@ -103,6 +103,15 @@ class ARStage(Stage):
             self.engine = sglang_engine_for(self.ctx.args, self.engine_config(), self.sglang_model_path)
             return
         self.engine = AREngine(self.build_model(), self.engine_config())
+        self.engine.warmup(self.tap_variants())  # every decode graph before the stage says it is ready
+
+    def tap_variants(self) -> list[tuple[int, ...]]:
+        """The tap sets this stage's decode steps ask for: always its taps when it feeds a hidden
+        port, none otherwise (plus its taps if a request may ask with `return_hidden`)."""
+        taps = self.engine.config.tap_layers
+        if self.hidden_port in self.ctx.out_ports:
+            return [taps]
+        return list(dict.fromkeys([(), taps]))
 
     def teardown(self) -> None:
         shutdown = getattr(self.engine, "shutdown", None)  # the SGLang engine owns processes
@@ -175,7 +184,7 @@ class ARStage(Stage):
     def emits_for(self, out: StepOutput) -> list[Emit]:
         if out.error is not None:
             self._prompt_taps.pop(out.rid, None)
-            return [Emit(out.rid, error=out.error)]
+            return [Emit(out.rid, error=out.error, error_kind=out.error_kind or "stage_failed")]
         emits = []
         if out.taps and self._port_on(self.hidden_port):
             hidden = self._hidden_chunk(out)
