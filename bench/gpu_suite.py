@@ -3,13 +3,25 @@
 between GPU stages: the kernel's "auto" channel) under bench/serve.py, then transformers
 (bench/hf_baseline.py) on the same GPU and workload, and one combined report.
 
-Phases, each with a time limit inside a total budget (transformers keeps a reserve):
-write the random model dir -> start omnid and wait for /health -> warm-up pass (CUDA graph
-buckets) -> bench/serve.py per concurrency level -> stop omnid -> hf_baseline. Whatever
-happens (a phase fails or times out, SIGTERM), omnid's process group is killed and
-`suite.json` / `suite.md` / `omni_vs_hf.png` are written from what exists.
+What users get: every request at the server's own sampling (bench/serve.py sends no
+temperature: the talker samples at its defaults), fixed output lengths (ignore_eos + max_tokens for
+text and talker frames). A fresh server and a warmed one are reported apart, and greedy is an
+extra line.
 
-Run:  python bench/gpu_suite.py --out-dir OUT [--concurrency 1,4,16,32] [--budget-s 390]
+Phases, each with a time limit inside a total budget (transformers keeps a reserve):
+write the random model dir -> start omnid and wait for /health -> the **cold** levels
+(`--cold`, default 1,16: the first requests after start, no warm-up) -> warm-up pass through
+every level (CUDA graph buckets) -> the **warm** sweep, bench/serve.py per level (default
+1,4,16,32,64) -> the **greedy** extra line (`--greedy-levels`, default 1,16, after its own short
+warm-up) -> stop omnid -> hf_baseline (unless --no-hf). Every level row carries its phase
+(cold / warm / greedy) in suite.json and suite.md. Whatever happens (a phase fails or times
+out, SIGTERM), omnid's process group is killed and `suite.json` / `suite.md` / `omni_vs_hf.png`
+are written from what exists.
+
+`--omnid-arg ARG` (repeatable) passes extra flags to `omnid serve` (e.g. an MPS switch),
+`--set STAGE.FIELD=VALUE` extra stage overrides, `--label` names the run in the report.
+
+Run:  python bench/gpu_suite.py --out-dir OUT [--concurrency 1,4,16,32,64] [--cold 1,16] [--budget-s 390]
       python bench/gpu_suite.py --out-dir OUT --scaled [--omnid-mode inline]   (CPU, test sizes)
 """
 
@@ -31,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from serve_report import machine, now_iso, plot, say  # noqa: E402
-from suite_report import comparison, markdown, merge_levels  # noqa: E402
+from suite_report import cold_vs_warm, comparison, markdown, merge_levels  # noqa: E402
 from suite_support import (child_env, free_port, gpu_name, health_ok, kill_group, last_line, read_json,  # noqa: E402
                            write_scaled_hf_checkpoint)
 
@@ -39,8 +51,21 @@ GPU_STAGES = ("audio_encoder", "vision_encoder", "thinker", "talker", "code2wav"
 PY = sys.executable
 
 
+def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """The defaults that depend on --scaled (full size: levels 1,4,16,32,64, cold 1,16, greedy 1,16)."""
+    scaled = args.scaled
+    args.device = args.device or ("cpu" if scaled else "cuda")
+    args.concurrency = args.concurrency or ("1,2" if scaled else "1,4,16,32,64")
+    args.cold = ("1" if scaled else "1,16") if args.cold is None else args.cold
+    args.greedy_levels = ("1" if scaled else "1,16") if args.greedy_levels is None else args.greedy_levels
+    args.max_tokens = args.max_tokens or (4 if scaled else 32)
+    args.audio_tokens = args.audio_tokens or (6 if scaled else 64)
+    return args
+
+
 class Suite:
     def __init__(self, args: argparse.Namespace) -> None:
+        args = apply_defaults(args)
         self.args, self.out = args, Path(args.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.t0 = time.monotonic()
@@ -50,6 +75,8 @@ class Suite:
         self.gpu: str | None = None
         self.url = ""
         self.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+        self.cold = [int(c) for c in args.cold.split(",") if c.strip()]
+        self.greedy = [int(c) for c in args.greedy_levels.split(",") if c.strip()]
 
     def left(self) -> float:
         return self.args.budget_s - (time.monotonic() - self.t0)
@@ -92,7 +119,7 @@ class Suite:
         a = self.args
         if a.scaled:
             return []
-        seqs = max(32, max(self.levels))
+        seqs = max(32, *self.levels, *self.cold, *self.greedy)
         sets = [f"{s}.device={a.device}" for s in GPU_STAGES] + [f"{s}.args.dtype=bfloat16" for s in GPU_STAGES]
         for ar in ("thinker", "talker"):  # KV for `seqs` sequences of up to max_model_len 4096, graphs up to `seqs`
             sets += [f"{ar}.args.cuda_graphs=true", f"{ar}.args.max_num_seqs={seqs}",
@@ -104,10 +131,11 @@ class Suite:
         self.url = f"http://127.0.0.1:{port}"
         cmd = [PY, "-m", "omni.api.cli", "serve", "--model", str(model_dir), "--port", str(port),
                "--mode", self.args.omnid_mode] + [x for s in self.omnid_sets() for x in ("--set", s)]
+        cmd += list(self.args.omnid_arg)
         phase = {"name": "omnid_start", "command": shlex.join(cmd)}
         self.phases.append(phase)
         self.commands.append(phase["command"])
-        limit = self.limit(self.args.start_limit_s, self.args.hf_reserve_s)
+        limit = self.limit(self.args.start_limit_s, 0.0 if self.args.no_hf else self.args.hf_reserve_s)
         say(f"[{self.elapsed()}] omnid_start: {phase['command']} (limit {limit:.0f}s)")
         self.omnid_log = open(self.out / "omnid.log", "w")
         self.omnid = subprocess.Popen(cmd, stdout=self.omnid_log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -146,24 +174,49 @@ class Suite:
 
     # ---- phases ------------------------------------------------------------------------
     def serve_cmd(self, name: str, levels: str, requests: int | None, warmup: int, max_tokens: int,
-                  audio_tokens: int) -> list[str]:
+                  audio_tokens: int, phase: str, greedy: bool = False) -> list[str]:
         a = self.args
-        cmd = [PY, "bench/serve.py", "--url", self.url, "--concurrency", levels, "--warmup", str(warmup),
-               "--prompt-set", a.prompt_set, "--max-tokens", str(max_tokens), "--audio-tokens", str(audio_tokens),
-               "--label", "omni", "--timeout", "300", "--out", str(self.out / f"{name}.json"),
-               "--server-note", f"omnid on {self.gpu or 'cpu'}, random full-size weights" if not a.scaled else "omnid, scaled"]
+        note = f"omnid on {self.gpu or 'cpu'}, random full-size weights" if not a.scaled else "omnid, scaled"
+        cmd = [PY, "bench/serve.py", "--url", self.url, "--concurrency", levels, "--cold", "", "--phase", phase,
+               "--warmup", str(warmup), "--prompt-set", a.prompt_set, "--max-tokens", str(max_tokens),
+               "--audio-tokens", str(audio_tokens), "--label", a.label, "--timeout", "300",
+               "--out", str(self.out / f"{name}.json"), "--server-note", note]
+        cmd += ["--greedy"] if greedy else []
         return cmd + (["--requests", str(requests)] if requests else [])
 
-    def serve_all(self) -> None:
+    def plan(self) -> list[tuple[str, list[str], float]]:
+        """Every serve phase in order: (name, bench/serve.py command, wanted seconds). The cold levels
+        come first on the fresh server; a level's measured JSON is `<name>.json`."""
         a = self.args
-        reserve = a.hf_reserve_s + a.stop_limit_s
+        n = lambda c: a.requests or (4 if c == 1 else 2 * c)  # noqa: E731
+        level_s = lambda c: a.level_limit_s + 2 * c  # noqa: E731
+        out = [(f"serve_cold_c{c}", self.serve_cmd(f"serve_cold_c{c}", str(c), n(c), 0, a.max_tokens, a.audio_tokens,
+                                                   "cold"), level_s(c)) for c in self.cold]
         if a.prewarm:
-            self.run("serve_prewarm", self.serve_cmd("serve_prewarm", a.concurrency, None, 0, 4, 4),
-                     self.limit(a.prewarm_limit_s, reserve))
-        for i, c in enumerate(self.levels):
-            n = a.requests or (4 if c == 1 else 2 * c)
-            self.run(f"serve_c{c}", self.serve_cmd(f"serve_c{c}", str(c), n, 2 if i == 0 else 0, a.max_tokens,
-                                                   a.audio_tokens), self.limit(a.level_limit_s + 2 * c, reserve))
+            out.append(("serve_prewarm", self.serve_cmd("serve_prewarm", a.concurrency, None, 0, 4, 4, "prewarm"),
+                        a.prewarm_limit_s))
+        out += [(f"serve_c{c}", self.serve_cmd(f"serve_c{c}", str(c), n(c), 2 if i == 0 and not a.prewarm else 0,
+                                               a.max_tokens, a.audio_tokens, "warm"), level_s(c))
+                for i, c in enumerate(self.levels)]
+        if self.greedy:
+            if a.prewarm:
+                levels = ",".join(map(str, self.greedy))
+                out.append(("serve_prewarm_greedy", self.serve_cmd("serve_prewarm_greedy", levels, None, 0, 4, 4,
+                                                                   "prewarm", greedy=True), a.prewarm_limit_s / 2))
+            out += [(f"serve_greedy_c{c}", self.serve_cmd(f"serve_greedy_c{c}", str(c), n(c), 0, a.max_tokens,
+                                                          a.audio_tokens, "greedy", greedy=True), level_s(c))
+                    for c in self.greedy]
+        return out
+
+    def measured(self) -> list[str]:
+        """Names of the phases whose JSON holds measured levels (cold, warm, greedy; not the warm-ups)."""
+        return [name for name, _, _ in self.plan() if "prewarm" not in name]
+
+    def serve_all(self) -> None:
+        reserve = (0.0 if self.args.no_hf else self.args.hf_reserve_s) + self.args.stop_limit_s
+        for name, cmd, want in self.plan():
+            limit = self.limit(want, reserve)  # no new request past 60 % of it: the level's rows survive
+            self.run(name, cmd + ["--level-deadline-s", f"{0.6 * limit:.1f}"], limit)
 
     def hf(self, hf_dir: Path | None) -> None:
         a = self.args
@@ -174,14 +227,18 @@ class Suite:
         self.run("hf_baseline", cmd, self.limit(a.hf_limit_s))
 
     def report(self) -> dict:
-        omni = merge_levels([read_json(self.out / f"serve_c{c}.json") for c in self.levels])
+        omni = merge_levels([read_json(self.out / f"{name}.json") for name in self.measured()])
         hf = read_json(self.out / "hf.json")
         rep = {"date": now_iso(), "model": "qwen3-omni scaled (CPU)" if self.args.scaled else "Qwen3-Omni-30B-A3B, random bf16",
                "machine": machine(), "gpu": self.gpu, "seconds": round(time.monotonic() - self.t0, 1),
+               "label": self.args.label,
                "workload": {"prompt_set": self.args.prompt_set, "max_tokens": self.args.max_tokens,
-                            "audio_tokens": self.args.audio_tokens, "concurrency": self.levels},
-               "omnid_sets": self.omnid_sets(), "phases": self.phases, "commands": self.commands,
-               "comparison": comparison(omni, hf), "omni": omni, "hf": hf}
+                            "audio_tokens": self.args.audio_tokens, "concurrency": self.levels, "cold": self.cold,
+                            "greedy": self.greedy, "sampling": "server default (no temperature sent); "
+                            "greedy rows: temperature 0 for text and talker"},
+               "omnid_sets": self.omnid_sets(), "omnid_args": list(self.args.omnid_arg), "phases": self.phases,
+               "commands": self.commands, "comparison": comparison(omni, hf), "cold_vs_warm": cold_vs_warm(omni),
+               "omni": omni, "hf": hf}
         if omni or hf:
             try:
                 plot([r for r in (omni, hf) if r], str(self.out / "omni_vs_hf.png"))
@@ -216,7 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--scaled", action="store_true", help="CPU, the scaled config (a dry run of the orchestration)")
     ap.add_argument("--device", default=None, help="default cuda (cpu with --scaled)")
-    ap.add_argument("--concurrency", default=None, help="default 1,4,16,32 (1,2 with --scaled)")
+    ap.add_argument("--concurrency", default=None, help="warm levels, default 1,4,16,32,64 (1,2 with --scaled)")
+    ap.add_argument("--cold", default=None, help="levels run first on the fresh server, no warm-up (default 1,16; "
+                                                "1 with --scaled; '' for none)")
+    ap.add_argument("--greedy-levels", default=None, help="the greedy extra line after the warm sweep (default 1,16; "
+                                                         "1 with --scaled; '' for none)")
+    ap.add_argument("--label", default="omni", help="this run's name in the report (e.g. omni-mps)")
+    ap.add_argument("--omnid-arg", action="append", default=[], metavar="ARG",
+                    help="an extra `omnid serve` argument (repeat; use --omnid-arg=--flag for dashes)")
     ap.add_argument("--requests", type=int, default=None, help="per level (default 4 at c=1, else 2c)")
     ap.add_argument("--prompt-set", default="short")
     ap.add_argument("--max-tokens", type=int, default=None, help="thinker tokens (default 32; 4 with --scaled)")
@@ -240,13 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
-    scaled = args.scaled
-    args.device = args.device or ("cpu" if scaled else "cuda")
-    args.concurrency = args.concurrency or ("1,2" if scaled else "1,4,16,32")
-    args.max_tokens = args.max_tokens or (4 if scaled else 32)
-    args.audio_tokens = args.audio_tokens or (6 if scaled else 64)
-    suite = Suite(args)
+    suite = Suite(build_parser().parse_args(argv))
 
     def on_term(signum, frame):  # `timeout` sends SIGTERM: stop omnid, write what exists
         raise SystemExit(f"signal {signum}")

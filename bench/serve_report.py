@@ -95,18 +95,20 @@ def _cell(d: dict | None, key: str) -> str:
 
 def markdown_table(report: dict[str, Any]) -> str:
     """The levels of one report as a markdown table (ms unless said)."""
-    head = ("| concurrency | ok/failed | TTFT p50/p99 | TPOT p50 | TTFA p50/p99 | RTF p50/p90 | "
-            "E2E p50/p90/p99 | tok/s | req/s | audio s/s |")
+    head = ("| phase | concurrency | ok/failed | TTFT p50/p99 | TPOT p50 | TTFA p50/p90/p99 | RTF p50/p90 | "
+            "E2E p50/p90/p99 | first request TTFA / RTF | tok/s | req/s | audio s/s |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for lv in report["levels"]:
         t = lv["throughput"]
+        first = lv.get("first_request")
         lines.append(
-            f"| {lv['concurrency']} | {lv['ok']}/{lv['failed']} "
+            f"| {lv.get('phase', '–')} | {lv['concurrency']} | {lv['ok']}/{lv['failed']} "
             f"| {_cell(lv['ttft_ms'], 'p50')} / {_cell(lv['ttft_ms'], 'p99')} "
             f"| {_cell(lv['tpot_ms'], 'p50')} "
-            f"| {_cell(lv['ttfa_ms'], 'p50')} / {_cell(lv['ttfa_ms'], 'p99')} "
+            f"| {_cell(lv['ttfa_ms'], 'p50')} / {_cell(lv['ttfa_ms'], 'p90')} / {_cell(lv['ttfa_ms'], 'p99')} "
             f"| {_cell(lv['rtf'], 'p50')} / {_cell(lv['rtf'], 'p90')} "
             f"| {_cell(lv['e2e_ms'], 'p50')} / {_cell(lv['e2e_ms'], 'p90')} / {_cell(lv['e2e_ms'], 'p99')} "
+            f"| {_cell(first, 'ttfa_ms')} / {_cell(first, 'rtf')} "
             f"| {_cell(t, 'output_tokens_per_s')} | {_cell(t, 'requests_per_s')} | {_cell(t, 'audio_s_per_s')} |"
         )
     return "\n".join(lines)
@@ -124,12 +126,13 @@ def markdown(report: dict[str, Any]) -> str:
         f"Client machine: {where}; server: {report.get('server', '?')}  ",
         f"Workload: prompt set `{cfg['prompt_set']}`, max_tokens {cfg['max_tokens']}, "
         f"audio frames {cfg.get('audio_tokens')}, ignore_eos {cfg['ignore_eos']}, "
-        f"modalities {cfg['modalities']}",
+        f"modalities {cfg['modalities']}, sampling {cfg.get('sampling', '?')}",
         "",
         markdown_table(report),
         "",
         "Times in ms; RTF = request latency / seconds of audio (lower is better); tok/s = output text "
-        "tokens per wall second; audio s/s = seconds of speech delivered per wall second.",
+        "tokens per wall second; audio s/s = seconds of speech delivered per wall second. phase cold: the "
+        "first levels after the server started, before any warm-up; warm: after the warm-up.",
         "",
     ])
 
@@ -149,13 +152,15 @@ def plot(reports: list[dict[str, Any]], path: str) -> None:
     ]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     for ax, (title, series, logy) in zip(axes.flat, panels):
-        for report in reports:
-            xs = [lv["concurrency"] for lv in report["levels"]]
+        for report, phase, levels in _by_phase(reports):
+            xs = [lv["concurrency"] for lv in levels]
             for key, sub, name in series:
-                ys = [(lv.get(key) or {}).get(sub) for lv in report["levels"]]
+                ys = [(lv.get(key) or {}).get(sub) for lv in levels]
                 pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
                 if pts:
-                    ax.plot(*zip(*pts), marker="o", label=f"{report['label']} {name}")
+                    tag = "" if phase in (None, "warm") else f" ({phase})"
+                    ax.plot(*zip(*pts), marker="o", linestyle="-" if tag == "" else "--",
+                            label=f"{report['label']}{tag} {name}")
         ax.set_title(title)
         ax.set_xlabel("concurrency")
         ax.set_xscale("log", base=2)
@@ -167,6 +172,16 @@ def plot(reports: list[dict[str, Any]], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _by_phase(reports: list[dict[str, Any]]):
+    """(report, phase, levels of that phase) in order of first appearance: one line per phase."""
+    for report in reports:
+        phases: dict[Any, list] = {}
+        for lv in report["levels"]:
+            phases.setdefault(lv.get("phase"), []).append(lv)
+        for phase, levels in phases.items():
+            yield report, phase, levels
 
 
 def write_report(report: dict[str, Any], out: str | None, md: str | None, plot_path: str | None) -> dict[str, Any]:

@@ -120,6 +120,7 @@ class Peer:
             phase["start_s"] = round(time.monotonic() - t, 1)
             self.log(f"{system}: up in {phase['start_s']}s")
             bench = [PY, str(ROOT / "bench/serve.py"), "--url", url, "--concurrency", self.args.concurrency,
+                     "--cold", "", "--greedy",  # as SGLang alone: greedy, warm
                      "--max-tokens", str(self.args.max_tokens), "--modalities", "text", "--no-omni-ext",
                      "--prompt-set", self.args.prompt_set, "--warmup", str(self.args.warmup), "--label", system,
                      "--server-note", f"{system}, Qwen3-Omni-30B-A3B thinker text model, random bf16",
@@ -179,8 +180,9 @@ class Peer:
 
 
 def level(report: dict | None, c: int) -> dict | None:
+    """The warm level of concurrency `c` (a report's cold rows are not the peer figures)."""
     for lv in (report or {}).get("levels", []):
-        if lv.get("concurrency") == c:
+        if lv.get("concurrency") == c and lv.get("phase", "warm") == "warm":
             return lv
     return None
 

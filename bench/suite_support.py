@@ -100,3 +100,41 @@ def write_scaled_hf_checkpoint(out: Path) -> Path:
     model.save_pretrained(str(out))
     build_tokenizer().save_pretrained(str(out))
     return out
+
+
+def run_phase(phases: list[dict], out: Path, name: str, cmd: list[str], limit: float, t0: float | None = None,
+              env: dict | None = None) -> dict:
+    """Run `cmd` as a child in its own process group with output to out/<name>.log, killed with its
+    group past `limit` seconds; append and return its phase record (status ok / failed / timed out /
+    skipped). Used by the orchestrators whose phases must each end in time."""
+    import shlex
+    import sys as _sys
+
+    phase = {"name": name, "command": shlex.join(cmd), "limit_s": round(limit, 1)}
+    phases.append(phase)
+    stamp = f"[{time.monotonic() - t0:6.1f}s] " if t0 is not None else ""
+    if limit < 5:
+        phase["status"] = "skipped (no time left)"
+        print(f"{stamp}{name}: skipped (no time left)", file=_sys.stderr, flush=True)
+        return phase
+    print(f"{stamp}{name}: {phase['command']} (limit {limit:.0f}s)", file=_sys.stderr, flush=True)
+    t = time.monotonic()
+    with open(Path(out) / f"{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
+                                env=child_env(env))
+        try:
+            rc = proc.wait(timeout=limit)
+            phase["status"] = "ok" if rc == 0 else f"failed (rc {rc}): {last_line(Path(out) / f'{name}.log')[:300]}"
+        except subprocess.TimeoutExpired:
+            kill_group(proc, grace=10)
+            phase["status"] = f"timed out after {limit:.0f}s"
+        except BaseException:
+            kill_group(proc, grace=2)
+            phase["status"] = "interrupted"
+            raise
+        finally:  # also when it ended: its group's stragglers (an engine's worker processes) hold the GPU
+            kill_group(proc, grace=2)
+    phase["seconds"] = round(time.monotonic() - t, 1)
+    stamp = f"[{time.monotonic() - t0:6.1f}s] " if t0 is not None else ""
+    print(f"{stamp}{name}: {phase['status']} in {phase['seconds']}s", file=_sys.stderr, flush=True)
+    return phase

@@ -55,15 +55,20 @@ def test_sweep_report_counts_add_up(server, ckpt, tmp_path):
         "--url", server.url, "--concurrency", "1,3", "--requests", "3", "--warmup", "1",
         "--max-tokens", str(TEXT), "--audio-tokens", str(FRAMES), "--rows",
         "--out", str(out), "--plot", str(png), "--md", str(md), "--label", "omni-tiny",
-    ])
+    ])  # default: one cold level (c=1) before the warm-up, then the warm sweep
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert png.stat().st_size > 1000 and "| concurrency |" in md.read_text()
     assert report["config"]["model"] == server.info.id and report["command"].startswith("python bench/serve.py")
     cfg = load_config(ckpt).code2wav
     # talker max_tokens N -> N - 1 codec frames (no frame is computed for the last allowed token)
     want_audio_s = samples_for(cfg, FRAMES - 1) / cfg.sample_rate
-    assert [lv["concurrency"] for lv in report["levels"]] == [1, 3]
+    assert [(lv["phase"], lv["concurrency"]) for lv in report["levels"]] == [("cold", 1), ("warm", 1), ("warm", 3)]
+    assert report["config"]["temperature"] is None and report["config"]["sampling"] == "server default"
+    assert "| cold | 1 |" in md.read_text() and "| warm | 3 |" in md.read_text()
     for lv in report["levels"]:
+        first = lv["first_request"]
+        assert first["index"] == min(r["index"] for r in lv["rows"]) and first["ok"]
+        assert first["ttfa_ms"] <= first["e2e_ms"] and first["rtf"] > 0
         assert lv["requests"] == 3 and lv["ok"] == 3 and lv["failed"] == 0 and not lv["errors"], lv["errors"]
         assert lv["output_tokens"] == 3 * TEXT  # ignore_eos: exactly max_tokens each
         for key in ("ttft_ms", "tpot_ms", "ttfa_ms", "e2e_ms", "rtf"):
@@ -78,12 +83,62 @@ def test_sweep_report_counts_add_up(server, ckpt, tmp_path):
             assert row["audio_s"] == pytest.approx(want_audio_s, abs=1 / cfg.sample_rate)
             assert row["ttft_s"] <= row["latency_s"] and row["ttfa_s"] <= row["latency_s"]
         assert lv["audio_s"] == pytest.approx(3 * want_audio_s, abs=1e-2)
-    assert sorted(r["index"] for lv in report["levels"] for r in lv["rows"]) == list(range(6))
+    assert sorted(r["index"] for lv in report["levels"] for r in lv["rows"]) == list(range(9))
+
+
+def _workload(**kw):
+    base = dict(url="u", model="m", prompts=["p"], max_tokens=5, audio_tokens=7, modalities=["text", "audio"],
+                voice=None, ignore_eos=True, temperature=None, omni_ext=True, sample_rate=24000, timeout_s=1.0)
+    return bench_serve.Workload(**{**base, **kw})
+
+
+def test_default_body_sends_no_sampling_only_output_lengths():
+    """What users get: no temperature for the text or the talker; output lengths stay fixed."""
+    body = _workload().body(0)
+    assert "temperature" not in body and body["max_tokens"] == 5 and body["ignore_eos"] is True
+    assert body["stage_sampling"] == {"talker": {"max_tokens": 7, "ignore_eos": True}}
+    greedy = _workload(temperature=0.0).body(0)
+    assert greedy["temperature"] == 0.0 and greedy["stage_sampling"]["talker"]["temperature"] == 0.0
+
+
+def test_cli_defaults_are_the_server_sampling_and_a_cold_level():
+    args = bench_serve.build_parser().parse_args([])
+    assert args.temperature is None and not args.greedy and args.cold == "1"
+    assert args.concurrency == "1,4,16,32,64" and args.ignore_eos
+
+
+def test_greedy_run_sends_temperature_zero_to_every_stage(server):
+    seen = []
+    real = bench_serve.Workload.body
+
+    def spy(self, i):
+        seen.append(real(self, i))
+        return seen[-1]
+
+    bench_serve.Workload.body = spy
+    try:
+        report = bench_serve.run(["--url", server.url, "--concurrency", "1", "--cold", "", "--requests", "1",
+                                  "--warmup", "0", "--greedy", "--max-tokens", "3", "--audio-tokens", "4"])
+    finally:
+        bench_serve.Workload.body = real
+    assert report["config"]["sampling"] == "greedy" and [lv["phase"] for lv in report["levels"]] == ["warm"]
+    assert seen and all(b["temperature"] == 0.0 and b["stage_sampling"]["talker"]["temperature"] == 0.0 for b in seen)
+
+
+def test_closed_loop_deadline_keeps_what_ended():
+    import asyncio
+
+    async def one(i):
+        await asyncio.sleep(0.05)
+        return {"index": i}
+
+    rows, wall = asyncio.run(bench_serve.closed_loop(one, 2, 100, deadline_s=0.12))
+    assert 2 <= len(rows) < 100 and [r["index"] for r in rows] == list(range(len(rows)))
 
 
 def test_failures_are_counted_not_raised(server):
     report = bench_serve.run([
-        "--url", server.url, "--model", "no-such-model", "--concurrency", "2", "--requests", "3",
+        "--url", server.url, "--model", "no-such-model", "--concurrency", "2", "--cold", "", "--requests", "3",
         "--warmup", "0", "--modalities", "text",
     ])
     (lv,) = report["levels"]
@@ -94,7 +149,7 @@ def test_failures_are_counted_not_raised(server):
 
 def test_text_only_has_no_audio_figures(server):
     report = bench_serve.run([
-        "--url", server.url, "--concurrency", "2", "--requests", "2", "--warmup", "0",
+        "--url", server.url, "--concurrency", "2", "--cold", "", "--requests", "2", "--warmup", "0",
         "--modalities", "text", "--max-tokens", "4",
     ])
     (lv,) = report["levels"]
@@ -165,6 +220,53 @@ def test_profile_decode_dry_run_on_cpu(tmp_path):
     assert rows[1]["roofline"]["experts_touched_per_layer"] > rows[0]["roofline"]["experts_touched_per_layer"]
     assert "| default | 2 |" in profile_decode.markdown({"date": "d", "command": "c", "backend_env_supported": False,
                                                         "seconds": 1, "backends": [result]})
+
+
+def test_suite_plan_cold_first_then_warm_then_greedy(tmp_path):
+    """The suite's serve phases: the cold levels on the fresh server (no warm-up), the warm-up pass,
+    the warm sweep 1,4,16,32,64, then the greedy extra line; no phase sends a temperature but greedy."""
+    import gpu_suite
+
+    suite = gpu_suite.Suite(gpu_suite.build_parser().parse_args(["--out-dir", str(tmp_path), "--omnid-arg=--mps",
+                                                                 "--omnid-arg", "x"]))
+    names = [name for name, _, _ in suite.plan()]
+    assert names == ["serve_cold_c1", "serve_cold_c16", "serve_prewarm", "serve_c1", "serve_c4", "serve_c16",
+                     "serve_c32", "serve_c64", "serve_prewarm_greedy", "serve_greedy_c1", "serve_greedy_c16"]
+    assert suite.measured() == [n for n in names if "prewarm" not in n]
+    args = {name: bench_serve.build_parser().parse_args(cmd[2:]) for name, cmd, _ in suite.plan()}
+    for name, a in args.items():
+        assert a.cold == "" and (a.greedy == ("greedy" in name)) and a.temperature is None
+        assert a.phase == ("cold" if "cold" in name else "prewarm" if "prewarm" in name else
+                           "greedy" if "greedy" in name else "warm")
+        assert a.warmup == 0 and a.ignore_eos
+    assert suite.args.omnid_arg == ["--mps", "x"]
+    none = gpu_suite.Suite(gpu_suite.build_parser().parse_args(["--out-dir", str(tmp_path), "--cold", "",
+                                                                "--greedy-levels", "", "--no-prewarm"]))
+    assert [n for n, _, _ in none.plan()][:2] == ["serve_c1", "serve_c4"]
+    assert bench_serve.build_parser().parse_args(none.plan()[0][1][2:]).warmup == 2  # no pre-warm pass: 2 requests
+
+
+def test_suite_report_rows_keep_cold_and_warm_apart():
+    import suite_report
+
+    def lv(phase, c, ttfa, first):
+        return {"phase": phase, "concurrency": c, "ok": 2, "requests": 2, "ttfa_ms": {"p50": ttfa},
+                "rtf": {"p50": ttfa / 1000}, "e2e_ms": {"p50": 2 * ttfa}, "throughput": {},
+                "first_request": {"ttfa_ms": first, "e2e_ms": 2 * first, "rtf": first / 1000}}
+
+    omni = suite_report.merge_levels([{"command": "a", "levels": [lv("cold", 1, 300, 900)]},
+                                      {"command": "b", "levels": [lv("warm", 1, 100, 100)]},
+                                      {"command": "c", "levels": [lv("greedy", 1, 50, 50)]}])
+    rows = suite_report.comparison(omni, None)
+    assert [(r["phase"], r["concurrency"]) for r in rows] == [("cold", 1), ("warm", 1), ("greedy", 1)]
+    (cw,) = suite_report.cold_vs_warm(omni)
+    assert cw["TTFA p50 cold/warm"] == 3.0 and cw["first TTFA / warm p50"] == 9.0 and cw["first E2E / warm p50"] == 9.0
+    rep = {"model": "m", "date": "d", "gpu": "g", "machine": {}, "seconds": 1, "phases": [], "commands": [],
+           "workload": {"prompt_set": "short", "max_tokens": 1, "audio_tokens": 1, "cold": [1], "concurrency": [1],
+                        "greedy": [1], "sampling": "server default"},
+           "comparison": rows, "cold_vs_warm": [cw], "omni": None, "hf": None, "omnid_args": ["--mps"]}
+    md = suite_report.markdown(rep)
+    assert "| cold | 1 |" in md and "| greedy | 1 |" in md and "Fresh server (cold)" in md and "`--mps`" in md
 
 
 def test_suite_comparison_speedups():
@@ -273,15 +375,21 @@ def test_gpu_suite_scaled_end_to_end_on_cpu(tmp_path):
     warm-up, one bench/serve.py run per level, omnid stopped, transformers baseline, the report."""
     import gpu_suite
 
-    rep = gpu_suite.main(["--scaled", "--out-dir", str(tmp_path), "--hf-requests", "1", "--budget-s", "200"])
+    rep = gpu_suite.main(["--scaled", "--out-dir", str(tmp_path), "--hf-requests", "1", "--budget-s", "260"])
     assert [(p["name"], p["status"]) for p in rep["phases"]] == [
-        ("omnid_start", "ok"), ("serve_prewarm", "ok"), ("serve_c1", "ok"), ("serve_c2", "ok"),
+        ("omnid_start", "ok"), ("serve_cold_c1", "ok"), ("serve_prewarm", "ok"), ("serve_c1", "ok"),
+        ("serve_c2", "ok"), ("serve_prewarm_greedy", "ok"), ("serve_greedy_c1", "ok"),
         ("omnid_stop", "stopped (rc 0)"), ("hf_baseline", "ok")]
-    assert [r["concurrency"] for r in rep["comparison"]] == [1, 2]
+    assert [(r["phase"], r["concurrency"]) for r in rep["comparison"]] == [
+        ("cold", 1), ("warm", 1), ("warm", 2), ("greedy", 1)]
     for row in rep["comparison"]:
         assert row["omni_ok"] == "4/4" and row["speedup E2E p50"] and row["speedup audio throughput"]
         assert row["omni TTFA p50 ms"] <= row["omni E2E p50 ms"]
     assert rep["omni"]["levels"][0]["output_tokens"] == 4 * 4  # --scaled: 4 thinker tokens per request
+    assert [r["concurrency"] for r in rep["cold_vs_warm"]] == [1] and rep["cold_vs_warm"][0]["TTFA p50 cold/warm"]
     assert json.loads((tmp_path / "suite.json").read_text())["comparison"] == rep["comparison"]
-    assert (tmp_path / "omni_vs_hf.png").stat().st_size > 1000 and "speedup" in (tmp_path / "suite.md").read_text()
-    assert len(rep["commands"]) == 5 and all("--url" in c for c in rep["commands"][1:4])
+    md = (tmp_path / "suite.md").read_text()
+    assert (tmp_path / "omni_vs_hf.png").stat().st_size > 1000 and "speedup" in md and "| cold | 1 |" in md
+    serve_cmds = [c for c in rep["commands"] if "bench/serve.py" in c]
+    assert len(serve_cmds) == 6 and sum("--greedy" in c for c in serve_cmds) == 2
+    assert not any("--temperature" in c for c in serve_cmds)
