@@ -17,7 +17,15 @@ from omni.api.media import (
     fetch_image,
     parse_image_url,
 )
-from omni.api.schemas import AudioPart, ChatCompletionRequest, ImagePart, SpeechRequest, StageSampling, TextPart
+from omni.api.schemas import (
+    UNSERVED_CHAT_FIELDS,
+    AudioPart,
+    ChatCompletionRequest,
+    ImagePart,
+    SpeechRequest,
+    StageSampling,
+    TextPart,
+)
 
 if TYPE_CHECKING:
     from omni.api.app import ServedModel, ServerState
@@ -72,8 +80,19 @@ def stop_strings(stop: str | list[str] | None) -> list[str]:
     return [s for s in stops if s]
 
 
+def refuse_unserved(req: ChatCompletionRequest) -> None:
+    """A 400 naming the first OpenAI parameter set to something omni does not serve (tools...)."""
+    for name, served in UNSERVED_CHAT_FIELDS.items():
+        value = getattr(req, name)
+        if value is not None and value not in served:
+            what = "tool calling is" if name in ("tools", "tool_choice", "functions", "function_call") else f"{name} is"
+            raise bad_request(f"{what} not supported by this server; remove {name!r} from the request",
+                              param=name, code="unsupported_parameter")
+
+
 async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
     check_model(state, req.model)
+    refuse_unserved(req)
     modalities = list(dict.fromkeys(req.modalities or ["text"]))
     wants_audio = "audio" in modalities
     voice = None

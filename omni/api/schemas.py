@@ -4,7 +4,7 @@ names the field. The same Structs generate the OpenAPI schemas (openapi.py), so 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 from msgspec import Meta, Struct
@@ -92,6 +92,28 @@ class ChatCompletionRequest(Struct):
     stage_sampling: dict[str, StageSampling] | None = None
     user: str | None = None
     ignore_eos: bool | None = None  # vLLM's extension: the thinker does not stop at EOS
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    # OpenAI parameters omni does not serve yet: decoded so that a request using one is refused
+    # with a 400 naming it (`UNSERVED_CHAT_FIELDS`), never silently answered without it
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    response_format: Any = None
+    logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    prediction: Any = None
+
+
+# field -> what a request may set it to and still be served (None: any value is refused)
+UNSERVED_CHAT_FIELDS: dict[str, tuple] = {
+    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},), "logit_bias": ({},),
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "prediction": (),
+}
 
 
 class SpeechRequest(Struct):
