@@ -128,6 +128,27 @@ def test_speech_formats(client, fmt):
         assert len(pcm) > 0
 
 
+def test_speech_and_chat_audio_as_aac(client, server):
+    """OpenAI's `aac` format: ADTS frames, streamed as encoded; the sound is the wav's."""
+    from omni.api.av_audio import decode
+
+    wav = client.audio.speech.create(model=MODEL, voice="tone", input="say this", response_format="wav",
+                                     extra_body={"stage_sampling": FEW}).content
+    reference, _ = sf.read(io.BytesIO(wav), dtype="float32")
+    resp = requests.post(server.url + "/v1/audio/speech", timeout=30, stream=True,
+                         json={"model": MODEL, "voice": "tone", "input": "say this", "response_format": "aac",
+                               "stage_sampling": FEW})
+    assert resp.headers["Content-Type"] == "audio/aac"
+    aac = resp.content
+    assert aac[:2] == b"\xff\xf1"  # an ADTS frame header: MPEG-4 AAC, no CRC
+    pcm, rate, _ = decode(aac, 60)
+    assert rate == 24000 and abs(len(pcm) - len(reference)) <= 2048  # AAC pads to whole 1024-sample frames
+    delay = int(np.argmax(np.correlate(pcm[:len(reference) + 2048], reference, "valid")))  # the encoder's delay
+    assert np.corrcoef(pcm[delay:delay + len(reference)], reference)[0, 1] > 0.95
+    msg = chat(client, modalities=["text", "audio"], audio={"voice": "tone", "format": "aac"}).choices[0].message
+    assert base64.b64decode(msg.audio.data)[:2] == b"\xff\xf1"
+
+
 def test_speech_speed_resamples(client):
     normal = client.audio.speech.create(model=MODEL, voice="tone", input="fast", response_format="pcm",
                                         extra_body={"stage_sampling": FEW}).content

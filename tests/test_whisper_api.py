@@ -172,6 +172,21 @@ def test_any_format_rate_and_channels(server, clips, alone, fmt, subtype, rate, 
     assert wer([ref], [resp.json()["text"]]) <= wer([ref], [alone[0]]) + 0.1  # lossy codecs may flip a word or two
 
 
+@pytest.mark.parametrize("container,codec,rate", [("webm", "libopus", 48000), ("ipod", "aac", 44100),
+                                                  ("mp4", "aac", 16000)])
+def test_what_browsers_and_phones_record(server, clips, alone, container, codec, rate):
+    """MediaRecorder's webm/opus, iOS's m4a/aac and mp4 audio, decoded through PyAV."""
+    import soxr
+
+    from test_api_support import av_bytes
+
+    upload = av_bytes(soxr.resample(clips[0][0], 16000, rate), rate, container, codec)
+    resp = server.transcribe(upload)
+    assert resp.status_code == 200, resp.text
+    ref = " ".join(SHORT[0])
+    assert wer([ref], [resp.json()["text"]]) <= wer([ref], [alone[0]]) + 0.1
+
+
 def test_stages_as_processes_give_the_same_text(tiny_en, clips, alone):
     """What `omnid serve` runs by default: each stage its own process, encoder outputs over shared memory."""
     with WhisperServer(tiny_en, mode="process") as srv:

@@ -17,8 +17,8 @@ TopK = Annotated[int, Meta(ge=-1)]
 MaxTokens = Annotated[int, Meta(ge=1, le=1 << 20)]
 Seed = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=10.0)]
-ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus"]
-SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
+ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus", "aac"]
+SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
 
 
 class TextPart(Struct, tag="text", tag_field="type"):
@@ -36,7 +36,7 @@ class ImagePart(Struct, tag="image_url", tag_field="type"):
 
 class InputAudio(Struct):
     data: str
-    format: Literal["wav", "mp3", "flac", "ogg"]
+    format: Literal["wav", "mp3", "flac", "ogg", "webm", "m4a", "mp4", "aac", "opus"]  # a hint: the bytes decide
 
 
 class AudioPart(Struct, tag="input_audio", tag_field="type"):
