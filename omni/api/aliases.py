@@ -6,7 +6,7 @@ its task (chat, speech, transcription), and is listed in /v1/models only when su
 
 from __future__ import annotations
 
-CHAT, SPEECH, TRANSCRIBE = "chat", "speech", "transcribe"
+CHAT, SPEECH, TRANSCRIBE, TRANSLATE = "chat", "speech", "transcribe", "translate"
 
 OPENAI_ALIASES: dict[str, str] = {
     "gpt-4o": CHAT,
@@ -31,3 +31,8 @@ def chats(info) -> bool:
     """Whether a model answers /v1/chat/completions (a family that only transcribes says so in
     `ModelInfo.extra["tasks"]`)."""
     return CHAT in info.extra.get("tasks", (CHAT,))
+
+
+def translates(info) -> bool:
+    """Whether a model serves /v1/audio/translations (speech in any language -> English text)."""
+    return TRANSLATE in info.extra.get("tasks", ())

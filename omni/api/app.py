@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.api.aliases import CHAT, OPENAI_ALIASES, SPEECH, TRANSCRIBE, alias_task, chats
+from omni.api.aliases import CHAT, OPENAI_ALIASES, SPEECH, TRANSCRIBE, TRANSLATE, alias_task, chats, translates
 from omni.api.cors import install_cors
 from omni.api.errors import ApiError, error_middleware
 from omni.api.media import MediaLimits
@@ -89,17 +89,17 @@ class ServerState:
             return found.info if found else None
         return None
 
-    def transcriber(self, name: str) -> ServedModel | None:
-        """Who serves a transcription asked of model `name`: that model when it transcribes with
-        trained weights, else the first served model that does, else any that transcribes at all
-        (a random-weight model's transcripts are noise). None when no model transcribes."""
-        return self._transcriber_for(self.model_info(name))
+    def transcriber(self, name: str, task: str = TRANSCRIBE) -> ServedModel | None:
+        """Who serves a transcription (or translation) asked of model `name`: that model when it
+        does it with trained weights, else the first served model that does, else any that does it
+        at all (a random-weight model's transcripts are noise). None when no model does."""
+        return self._transcriber_for(self.model_info(name), task)
 
-    def _transcriber_for(self, info: ModelInfo | None) -> ServedModel | None:
+    def _transcriber_for(self, info: ModelInfo | None, task: str = TRANSCRIBE) -> ServedModel | None:
         models = self.served()
         named = [m for m in models if m.info is info]
-        real = [m for m in named + models if m.info.transcribes and not m.info.random_weights]
-        return (real or [m for m in named + models if m.info.transcribes] or [None])[0]
+        able = [m for m in named + models if (translates(m.info) if task == TRANSLATE else m.info.transcribes)]
+        return ([m for m in able if not m.info.random_weights] or able or [None])[0]
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight; False when the timeout passed first."""
@@ -171,7 +171,7 @@ async def admission_middleware(request: web.Request, handler):
 def build_app(kernel: Any, info: ModelInfo, stage_names: list[str], config: ServerConfig | None = None,
               extra_models: list[ServedModel] | None = None) -> web.Application:
     """The whole API for one served model (plus `extra_models` beside it), ready for an AppRunner."""
-    from omni.api import routes_audio, routes_chat, routes_info
+    from omni.api import routes_audio, routes_chat, routes_info, routes_transcribe
 
     config = config or ServerConfig()
     app = web.Application(client_max_size=config.max_body_bytes,
@@ -182,7 +182,8 @@ def build_app(kernel: Any, info: ModelInfo, stage_names: list[str], config: Serv
     app[STATE] = ServerState(kernel, info, list(stage_names), config, extra_models=list(extra_models or ()))
     app.router.add_post(routes_chat.ROUTE, routes_chat.chat_completions)
     app.router.add_post(routes_audio.SPEECH_ROUTE, routes_audio.speech)
-    app.router.add_post(routes_audio.TRANSCRIBE_ROUTE, routes_audio.transcriptions)
+    app.router.add_post(routes_transcribe.TRANSCRIBE_ROUTE, routes_transcribe.transcriptions)
+    app.router.add_post(routes_transcribe.TRANSLATE_ROUTE, routes_transcribe.translations)
     app.router.add_get("/v1/models", routes_info.list_models)
     app.router.add_get("/v1/models/{model}", routes_info.get_model)
     app.router.add_get("/health", routes_info.health)

@@ -160,18 +160,20 @@ def model_applies_speed(state: ServerState) -> bool:
 
 
 def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language: str | None,
-                      prompt: str | None, temperature: float | None, timestamps: bool = False
-                      ) -> tuple[dict, float, ServedModel]:
-    """The params, the input's duration in seconds, and the served model that transcribes it (the
-    named one when it transcribes, else any loaded model that does)."""
+                      prompt: str | None, temperature: float | None, timestamps: bool = False,
+                      task: str = "transcribe") -> tuple[dict, float, ServedModel]:
+    """The params, the input's duration in seconds, and the served model that transcribes (or
+    translates) it: the named one when it does, else any loaded model that does."""
     check_model(state, model, main_only=False)
-    served = state.transcriber(model)
+    served = state.transcriber(model, task)
     if served is None:
-        raise bad_request(f"no loaded model transcribes: model {state.info.id!r} does not serve "
-                          "/v1/audio/transcriptions", code="transcription_not_supported")
+        route = "/v1/audio/translations" if task == "translate" else "/v1/audio/transcriptions"
+        raise bad_request(f"no loaded model serves {route} (model {state.info.id!r} does not"
+                          + ("; an English-only Whisper cannot translate)" if task == "translate" else ")"),
+                          code="translation_not_supported" if task == "translate" else "transcription_not_supported")
     pcm, rate = decode_audio_bytes(raw_audio, "file", state.config.limits, MODEL_AUDIO_RATE)
     base = {"temperature": temperature} if temperature is not None else {}
-    params = {"task": "transcribe", "audio": audio_part(pcm, rate), "language": language,
+    params = {"task": task, "audio": audio_part(pcm, rate), "language": language,
               "modalities": ["text"], "messages": [], "sampling": stage_sampling(state, base, None)}
     if prompt:
         params["prompt"] = prompt

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from omni.models.whisper.stats import STATS
 from omni.stages.ar.sampler import Sampler
 from omni.stages.ar.sequence import Sequence
 
@@ -71,12 +72,19 @@ class DecodeRules:
 
 
 class WhisperSampler(Sampler):
-    """The engine's sampler, after each sequence's `DecodeRules` masked its row."""
+    """The engine's sampler, after each sequence's `DecodeRules` masked its row; sequences with
+    `DecodeStats` (verbose_json) have their log-probabilities and no-speech probability read."""
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         rows = [i for i, s in enumerate(seqs) if RULES in s.model_state]
+        timed = [i for i, s in enumerate(seqs) if STATS in s.model_state]
+        for i in timed:
+            seqs[i].model_state[STATS].before_rules(logits[i], seqs[i].output_token_ids)
         if rows:
             logits = logits.float().clone()
             for i in rows:
                 seqs[i].model_state[RULES].apply(logits[i], seqs[i].output_token_ids)
-        return super().__call__(logits, seqs)
+        tokens = super().__call__(logits, seqs)
+        for i in timed:
+            seqs[i].model_state[STATS].after_sample(logits[i], tokens[i])
+        return tokens
