@@ -83,7 +83,7 @@ CASES = {
     "speech empty input": (SPEECH, {"model": MODEL, "voice": "tone", "input": ""}, 400, "input"),
     "speech blank input": (SPEECH, {"model": MODEL, "voice": "tone", "input": "   "}, 400, "blank"),
     "speech bad speed": (SPEECH, {"model": MODEL, "voice": "tone", "input": "x", "speed": 9}, 400, "speed"),
-    "speech bad format": (SPEECH, {"model": MODEL, "voice": "tone", "input": "x", "response_format": "aac"},
+    "speech bad format": (SPEECH, {"model": MODEL, "voice": "tone", "input": "x", "response_format": "ogg-vorbis"},
                           400, "response_format"),
     "speech unknown voice": (SPEECH, {"model": MODEL, "voice": "alloy", "input": "x"}, 400, "tone"),
     "speech missing voice": (SPEECH, {"model": MODEL, "input": "x"}, 400, "voice"),

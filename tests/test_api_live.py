@@ -37,7 +37,10 @@ def chat(client, text="hello there", **kw):
 
 def test_models_list_and_retrieve(client):
     models = client.models.list()
-    assert [m.id for m in models.data] == [MODEL]
+    ids = [m.id for m in models.data]
+    assert ids[0] == MODEL  # then OpenAI's names of the tasks it does (chat and speech; it does not transcribe)
+    assert set(ids[1:]) == {"gpt-4o", "gpt-4o-mini", "gpt-4o-audio-preview", "gpt-4o-mini-audio-preview",
+                            "tts-1", "tts-1-hd", "gpt-4o-mini-tts"}
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
@@ -125,6 +128,27 @@ def test_speech_formats(client, fmt):
         assert len(pcm) > 0
 
 
+def test_speech_and_chat_audio_as_aac(client, server):
+    """OpenAI's `aac` format: ADTS frames, streamed as encoded; the sound is the wav's."""
+    from omni.api.av_audio import decode
+
+    wav = client.audio.speech.create(model=MODEL, voice="tone", input="say this", response_format="wav",
+                                     extra_body={"stage_sampling": FEW}).content
+    reference, _ = sf.read(io.BytesIO(wav), dtype="float32")
+    resp = requests.post(server.url + "/v1/audio/speech", timeout=30, stream=True,
+                         json={"model": MODEL, "voice": "tone", "input": "say this", "response_format": "aac",
+                               "stage_sampling": FEW})
+    assert resp.headers["Content-Type"] == "audio/aac"
+    aac = resp.content
+    assert aac[:2] == b"\xff\xf1"  # an ADTS frame header: MPEG-4 AAC, no CRC
+    pcm, rate, _ = decode(aac, 60)
+    assert rate == 24000 and abs(len(pcm) - len(reference)) <= 2048  # AAC pads to whole 1024-sample frames
+    delay = int(np.argmax(np.correlate(pcm[:len(reference) + 2048], reference, "valid")))  # the encoder's delay
+    assert np.corrcoef(pcm[delay:delay + len(reference)], reference)[0, 1] > 0.95
+    msg = chat(client, modalities=["text", "audio"], audio={"voice": "tone", "format": "aac"}).choices[0].message
+    assert base64.b64decode(msg.audio.data)[:2] == b"\xff\xf1"
+
+
 def test_speech_speed_resamples(client):
     normal = client.audio.speech.create(model=MODEL, voice="tone", input="fast", response_format="pcm",
                                         extra_body={"stage_sampling": FEW}).content
@@ -151,7 +175,7 @@ def test_speech_streamed_bytes_and_sse(client, server):
 
 
 def test_transcription_without_a_transcribing_model_is_a_clear_400(client):
-    with pytest.raises(openai.BadRequestError, match="no loaded model transcribes"):
+    with pytest.raises(openai.BadRequestError, match="no loaded model serves /v1/audio/transcriptions"):
         client.audio.transcriptions.create(model=MODEL, file=("a.wav", wav_bytes(), "audio/wav"))
 
 
@@ -161,7 +185,7 @@ def test_unknown_voice_lists_known_ones_and_unknown_model_is_404(client):
     with pytest.raises(openai.BadRequestError, match="voices are: tone"):
         chat(client, modalities=["text", "audio"], audio={"voice": "nobody", "format": "wav"})
     with pytest.raises(openai.NotFoundError, match="not served"):
-        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+        client.chat.completions.create(model="gpt-5-turbo", messages=[{"role": "user", "content": "x"}])
 
 
 def test_health_metrics_openapi(client, server):
@@ -177,7 +201,7 @@ def test_health_metrics_openapi(client, server):
         assert name in text, name
     doc = requests.get(server.url + "/openapi.json", timeout=10).json()
     assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/audio/speech", "/v1/audio/transcriptions",
-                                 "/v1/models", "/v1/models/{model}", "/health", "/metrics", "/openapi.json"}
+                                 "/v1/audio/translations", "/v1/models", "/v1/models/{model}", "/health", "/metrics", "/openapi.json"}
 
 
 @pytest.fixture(scope="module")

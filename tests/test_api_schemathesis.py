@@ -13,7 +13,8 @@ from omni.api.app import ServerConfig
 from omni.api.openapi import build_openapi
 from test_api_support import LiveServer
 
-MODELS = ["omni-demo"]
+MODELS = ["omni-demo", "gpt-4o", "gpt-4o-mini", "gpt-4o-audio-preview", "gpt-4o-mini-audio-preview",  # + OpenAI's
+          "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]  # names of its tasks
 schema = schemathesis.openapi.from_dict(build_openapi(voices=["tone"], models=MODELS))
 
 

@@ -73,3 +73,18 @@ def png_data_url(size: int = 4) -> str:
     buf = io.BytesIO()
     Image.new("RGB", (size, size), (200, 10, 10)).save(buf, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def av_bytes(pcm: np.ndarray, rate: int, container: str, codec: str) -> bytes:
+    """Mono float32 encoded with PyAV as a browser or phone would send it (webm/opus, m4a/aac...)."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=container) as out:
+        stream = out.add_stream(codec, rate=rate)
+        stream.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(np.asarray(pcm, np.float32).reshape(1, -1), format="flt", layout="mono")
+        frame.sample_rate, frame.pts = rate, 0
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    return buf.getvalue()

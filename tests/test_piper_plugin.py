@@ -204,7 +204,7 @@ def as_wav(pcm: np.ndarray, rate: int) -> bytes:
 
 def test_models_voices_and_refusals(piper):
     client = piper.client()
-    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert [m.id for m in client.models.list().data] == [MODEL, "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
     resp = requests.post(piper.url + "/v1/audio/speech", timeout=30,
                          json={"model": MODEL, "voice": "alloy", "input": "Hello."})
     assert resp.status_code == 400 and "joe" in resp.json()["error"]["message"]

@@ -140,7 +140,7 @@ def test_whisper_beside_a_main_model(tiny_en, clips, alone):
 
     with WhisperServer(tiny_en, beside_demo=True) as srv:
         names = [m["id"] for m in requests.get(f"{srv.url}/v1/models", timeout=10).json()["data"]]
-        assert names == ["omni-demo", srv.info.id]
+        assert names[:2] == ["omni-demo", srv.info.id] and "whisper-1" in names and "tts-1" in names
         wav = wav_bytes(clips[0][1])
         by_name, by_main = srv.transcribe(wav), srv.transcribe(wav, model="omni-demo")
         assert by_name.status_code == by_main.status_code == 200
@@ -172,6 +172,21 @@ def test_any_format_rate_and_channels(server, clips, alone, fmt, subtype, rate, 
     assert wer([ref], [resp.json()["text"]]) <= wer([ref], [alone[0]]) + 0.1  # lossy codecs may flip a word or two
 
 
+@pytest.mark.parametrize("container,codec,rate", [("webm", "libopus", 48000), ("ipod", "aac", 44100),
+                                                  ("mp4", "aac", 16000)])
+def test_what_browsers_and_phones_record(server, clips, alone, container, codec, rate):
+    """MediaRecorder's webm/opus, iOS's m4a/aac and mp4 audio, decoded through PyAV."""
+    import soxr
+
+    from test_api_support import av_bytes
+
+    upload = av_bytes(soxr.resample(clips[0][0], 16000, rate), rate, container, codec)
+    resp = server.transcribe(upload)
+    assert resp.status_code == 200, resp.text
+    ref = " ".join(SHORT[0])
+    assert wer([ref], [resp.json()["text"]]) <= wer([ref], [alone[0]]) + 0.1
+
+
 def test_stages_as_processes_give_the_same_text(tiny_en, clips, alone):
     """What `omnid serve` runs by default: each stage its own process, encoder outputs over shared memory."""
     with WhisperServer(tiny_en, mode="process") as srv:
@@ -179,3 +194,64 @@ def test_stages_as_processes_give_the_same_text(tiny_en, clips, alone):
         timed = srv.transcribe(wav_bytes(clips[0][2]), response_format="verbose_json")
     assert resp.status_code == 200 and resp.json()["text"] == alone[2]
     assert timed.status_code == 200 and timed.json()["segments"][0]["end"] > 0.0
+
+
+def test_streamed_transcription_is_sse_text_deltas(server, clips, alone):
+    """stream=true: one transcript.text.delta per decoded window, in order, then transcript.text.done
+    with the whole text (what json gives); the official client reads the events."""
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    events = list(client.audio.transcriptions.create(model="whisper-1", file=("a.wav", wav_bytes(clips[1]), "audio/wav"),
+                                                     stream=True))
+    assert [e.type for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1) and len(events) >= 3
+    assert events[-1].type == "transcript.text.done" and events[-1].text == alone[-1]
+    assert "".join(e.delta for e in events[:-1]).strip() == alone[-1]  # the 35 s clip: two windows, two deltas
+    short = server.transcribe(wav_bytes(clips[0][0]), stream="true", response_format="text")
+    assert short.headers["Content-Type"].startswith("text/event-stream") and "transcript.text.done" in short.text
+    refused = server.transcribe(wav_bytes(clips[0][0]), stream="true", response_format="srt")
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "stream"
+
+
+def test_unserved_transcription_fields_are_refused(server, clips):
+    wav = wav_bytes(clips[0][0])
+    word = server.transcribe(wav, response_format="verbose_json", **{"timestamp_granularities[]": "word"})
+    assert word.status_code == 400 and "word" in word.json()["error"]["message"]
+    needs_verbose = server.transcribe(wav, **{"timestamp_granularities[]": "segment"})
+    assert needs_verbose.status_code == 400 and "verbose_json" in needs_verbose.json()["error"]["message"]
+    unknown = server.transcribe(wav, chunking_strategy="auto")
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "chunking_strategy"
+    segment = server.transcribe(wav, response_format="verbose_json", **{"timestamp_granularities[]": "segment"})
+    assert segment.status_code == 200 and segment.json()["segments"]
+
+
+def test_verbose_json_statistics_are_transformers(server, clips, tiny_en):
+    """avg_logprob: the chosen tokens' log-probabilities under the decoding rules, end-of-text
+    included, over text tokens + 1 (transformers' `_retrieve_avg_logprobs`, openai-whisper's);
+    no_speech_prob: P(<|nocaptions|>) at <|startoftranscript|>. Both against transformers' own."""
+    from transformers import AutoProcessor, WhisperForConditionalGeneration
+
+    pcm = clips[0][0][:16000 * 4]  # one sentence and a bit: one window, one pass
+    body = server.transcribe(wav_bytes(pcm), response_format="verbose_json").json()
+    proc = AutoProcessor.from_pretrained(tiny_en)
+    model = WhisperForConditionalGeneration.from_pretrained(tiny_en, dtype=torch.float32).eval()
+    feats = proc(pcm, sampling_rate=16000, return_tensors="pt").input_features
+    with torch.inference_mode():
+        out = model.generate(feats, max_new_tokens=200, return_timestamps=True, return_dict_in_generate=True,
+                             output_scores=True)
+        window = out["segments"][0][0]  # its segments share one pass (one "result")
+        scores = [s.reshape(-1, s.shape[-1])[0] for s in window["result"]["scores"]]  # the processed logits
+        generated = window["result"]["sequences"].reshape(-1)[-len(scores):]
+        logprobs = torch.stack([torch.log_softmax(s.float(), -1)[t] for s, t in zip(scores, generated)])
+        eot = model.generation_config.eos_token_id
+        text_tokens = int((generated != eot).sum())
+        avg = float(logprobs[: text_tokens + 1].sum()) / (text_tokens + 1)
+        sot_logits = model(input_features=feats, decoder_input_ids=torch.tensor([[model.generation_config.decoder_start_token_id]])).logits[0, -1]
+        no_speech = float(torch.softmax(sot_logits, -1)[model.generation_config.no_timestamps_token_id - 1])
+    segments = body["segments"]
+    assert len({s["avg_logprob"] for s in segments}) == 1  # one pass: its segments share its statistics
+    assert segments[0]["avg_logprob"] == pytest.approx(avg, abs=2e-3)
+    assert segments[0]["no_speech_prob"] == pytest.approx(no_speech, abs=1e-4)
+    assert -1.0 < avg < 0.0 and no_speech < 0.2  # clear speech
+    assert all(0.5 < s["compression_ratio"] < 2.4 for s in segments)  # openai-whisper flags > 2.4 as repetition
+    assert all(s["temperature"] == 0.0 for s in segments)

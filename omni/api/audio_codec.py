@@ -1,7 +1,7 @@
-"""Audio out: float32 PCM to wav / pcm16 / flac / mp3 / opus, whole or streamed as it is made.
+"""Audio out: float32 PCM to wav / pcm16 / flac / mp3 / opus / aac, whole or streamed as it is made.
 
-All container formats go through libsndfile (soundfile), which encodes MP3 (LAME) and Ogg Opus
-itself, so no ffmpeg is needed. Streaming writes through a forward-only sink: bytes leave as soon as
+wav, flac, mp3 and opus go through libsndfile (soundfile), which encodes MP3 (LAME) and Ogg Opus
+itself; AAC (ADTS) goes through PyAV's FFmpeg (`av_audio`). Streaming writes through a forward-only sink: bytes leave as soon as
 libsndfile writes them, and header fix-ups it makes at close are dropped. Streamed MP3 is
 constant-bitrate with LAME's blank tag frame removed, so a decoder's length estimate from the first
 frame is right. WAV streams use the 0xFFFFFFFF "unknown size" header, as OpenAI's server does.
@@ -25,6 +25,7 @@ CONTENT_TYPES = {
     "flac": "audio/flac",
     "mp3": "audio/mpeg",
     "opus": "audio/ogg; codecs=opus",
+    "aac": "audio/aac",
 }
 _SNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
 _OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
@@ -63,6 +64,11 @@ def encode_audio(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     if fmt == "wav":
         data = to_pcm16(pcm)
         return wav_header(rate, len(data)) + data
+    if fmt == "aac":
+        from omni.api.av_audio import AacStream
+
+        aac = AacStream(rate)
+        return aac.feed(pcm) + aac.finish()
     import soundfile as sf
 
     major, subtype = _SNDFILE[fmt]
@@ -143,6 +149,11 @@ class StreamEncoder:
             extra = {"bitrate_mode": "CONSTANT", "compression_level": 0.5} if fmt == "mp3" else {}
             self._file = sf.SoundFile(self._sink, "w", samplerate=self.rate, channels=1, format=major,
                                       subtype=subtype, **extra)
+        self._aac = None
+        if fmt == "aac":
+            from omni.api.av_audio import AacStream
+
+            self._aac = AacStream(self.rate)
         self.buffered = fmt == "flac"  # see the module docstring
         self._mp3_head: bytearray | None = bytearray() if fmt == "mp3" else None
 
@@ -153,6 +164,8 @@ class StreamEncoder:
         return self._resampler.resample_chunk(pcm, last=last)
 
     def _emit(self, pcm: np.ndarray) -> bytes:
+        if self._aac is not None:
+            return self._aac.feed(pcm)
         if self._file is not None:
             if len(pcm):
                 self._file.write(np.clip(pcm, -1.0, 1.0))
@@ -168,6 +181,9 @@ class StreamEncoder:
 
     def finish(self) -> bytes:
         out = self._emit(self._resampled(np.zeros(0, np.float32), last=True))
+        if self._aac is not None:
+            out += self._aac.finish()
+            self._aac = None
         if self._file is not None:
             self._file.close()
             self._file = None

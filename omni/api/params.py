@@ -17,7 +17,15 @@ from omni.api.media import (
     fetch_image,
     parse_image_url,
 )
-from omni.api.schemas import AudioPart, ChatCompletionRequest, ImagePart, SpeechRequest, StageSampling, TextPart
+from omni.api.schemas import (
+    UNSERVED_CHAT_FIELDS,
+    AudioPart,
+    ChatCompletionRequest,
+    ImagePart,
+    SpeechRequest,
+    StageSampling,
+    TextPart,
+)
 
 if TYPE_CHECKING:
     from omni.api.app import ServedModel, ServerState
@@ -84,8 +92,19 @@ def stop_strings(stop: str | list[str] | None) -> list[str]:
     return [s for s in stops if s]
 
 
+def refuse_unserved(req: ChatCompletionRequest) -> None:
+    """A 400 naming the first OpenAI parameter set to something omni does not serve (tools...)."""
+    for name, served in UNSERVED_CHAT_FIELDS.items():
+        value = getattr(req, name)
+        if value is not None and value not in served:
+            what = "tool calling is" if name in ("tools", "tool_choice", "functions", "function_call") else f"{name} is"
+            raise bad_request(f"{what} not supported by this server; remove {name!r} from the request",
+                              param=name, code="unsupported_parameter")
+
+
 async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
     check_model(state, req.model)
+    refuse_unserved(req)
     modalities = list(dict.fromkeys(req.modalities or ["text"]))
     wants_audio = "audio" in modalities
     voice = None
@@ -154,18 +173,20 @@ def model_applies_speed(state: ServerState) -> bool:
 
 
 def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language: str | None,
-                      prompt: str | None, temperature: float | None, timestamps: bool = False
-                      ) -> tuple[dict, float, ServedModel]:
-    """The params, the input's duration in seconds, and the served model that transcribes it (the
-    named one when it transcribes, else any loaded model that does)."""
+                      prompt: str | None, temperature: float | None, timestamps: bool = False,
+                      task: str = "transcribe") -> tuple[dict, float, ServedModel]:
+    """The params, the input's duration in seconds, and the served model that transcribes (or
+    translates) it: the named one when it does, else any loaded model that does."""
     check_model(state, model, main_only=False)
-    served = state.transcriber(model)
+    served = state.transcriber(model, task)
     if served is None:
-        raise bad_request(f"no loaded model transcribes: model {state.info.id!r} does not serve "
-                          "/v1/audio/transcriptions", code="transcription_not_supported")
+        route = "/v1/audio/translations" if task == "translate" else "/v1/audio/transcriptions"
+        raise bad_request(f"no loaded model serves {route} (model {state.info.id!r} does not"
+                          + ("; an English-only Whisper cannot translate)" if task == "translate" else ")"),
+                          code="translation_not_supported" if task == "translate" else "transcription_not_supported")
     pcm, rate = decode_audio_bytes(raw_audio, "file", state.config.limits, MODEL_AUDIO_RATE)
     base = {"temperature": temperature} if temperature is not None else {}
-    params = {"task": "transcribe", "audio": audio_part(pcm, rate), "language": language,
+    params = {"task": task, "audio": audio_part(pcm, rate), "language": language,
               "modalities": ["text"], "messages": [], "sampling": stage_sampling(state, base, None)}
     if prompt:
         params["prompt"] = prompt

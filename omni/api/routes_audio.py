@@ -1,4 +1,4 @@
-"""POST /v1/audio/speech (audio bytes streamed as made, or SSE) and POST /v1/audio/transcriptions.
+"""POST /v1/audio/speech: audio bytes streamed as made, or SSE (transcriptions: routes_transcribe).
 
 `speed` is applied here by resampling the model's audio (soxr, streaming): faster speech is also
 higher-pitched, as on a tape. A model that sets `ModelInfo.extra["applies_speed"]` gets the speed
@@ -17,13 +17,12 @@ from omni.api.audio_codec import CONTENT_TYPES, StreamEncoder
 from omni.api.errors import ApiError, as_api_error, bad_request, too_large
 from omni.api.generation import AudioPiece, Finish, KernelRequest
 from omni.api.metrics import RequestTimer
-from omni.api.params import model_applies_speed, speech_params, transcribe_params
-from omni.api.schemas import TRANSCRIPTION_FORMATS, SpeechRequest, decode_body
+from omni.api.params import model_applies_speed, speech_params
+from omni.api.schemas import SpeechRequest, decode_body
 from omni.api.sse import SseStream
 
 log = logging.getLogger("omni.api")
 SPEECH_ROUTE = "/v1/audio/speech"
-TRANSCRIBE_ROUTE = "/v1/audio/transcriptions"
 MAX_FIELD_BYTES = 64 << 10
 
 
@@ -105,7 +104,8 @@ async def speech(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def _read_form(request: web.Request, max_file_bytes: int) -> tuple[dict[str, str], bytes | None]:
+async def _read_form(request: web.Request, max_file_bytes: int) -> tuple[dict[str, str | list[str]], bytes | None]:
+    """The multipart fields (an `x[]` field may repeat: its values are a list) and the `file`."""
     if not request.content_type.startswith("multipart/"):
         raise bad_request(f"expected multipart/form-data, got {request.content_type!r}", code="invalid_content_type")
     fields: dict[str, str] = {}
@@ -123,6 +123,8 @@ async def _read_form(request: web.Request, max_file_bytes: int) -> tuple[dict[st
                     raise too_large(f"form field {part.name!r} is over {limit} bytes", part.name)
             if part.name == "file":
                 audio = bytes(data)
+            elif part.name.endswith("[]"):
+                fields.setdefault(part.name, []).append(data.decode("utf-8", errors="replace"))
             else:
                 fields[part.name] = data.decode("utf-8", errors="replace")
     except ApiError:
@@ -130,58 +132,3 @@ async def _read_form(request: web.Request, max_file_bytes: int) -> tuple[dict[st
     except Exception as exc:  # aiohttp raises assorted types (InvalidHeader, ValueError...) for a bad body
         raise bad_request(f"malformed multipart body: {exc}", code="invalid_multipart") from None
     return fields, audio
-
-
-def _timestamp(seconds: float, sep: str) -> str:
-    ms = int(round(seconds * 1000))
-    return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d}{sep}{ms % 1000:03d}"
-
-
-async def transcriptions(request: web.Request) -> web.Response:
-    from omni.api.app import STATE
-
-    state = request.app[STATE]
-    fields, audio = await _read_form(request, state.config.limits.max_audio_bytes)
-    if "model" not in fields:
-        raise bad_request("missing form field 'model'", param="model", code="missing_field")
-    if audio is None:
-        raise bad_request("missing form field 'file' (the audio to transcribe)", param="file", code="missing_field")
-    fmt = fields.get("response_format", "json")
-    if fmt not in TRANSCRIPTION_FORMATS:
-        raise bad_request(f"response_format must be one of {list(TRANSCRIPTION_FORMATS)}, got {fmt!r}",
-                          param="response_format", code="invalid_value")
-    temperature = None
-    if fields.get("temperature"):
-        try:
-            temperature = float(fields["temperature"])
-        except ValueError:
-            raise bad_request("temperature must be a number", param="temperature", code="invalid_value") from None
-        if not 0.0 <= temperature <= 2.0:
-            raise bad_request("temperature must be within [0, 2]", param="temperature", code="invalid_value")
-    language = fields.get("language") or None
-    timed = fmt in ("verbose_json", "srt", "vtt")
-    params, duration, served = transcribe_params(state, fields["model"], audio, language, fields.get("prompt"),
-                                                 temperature, timestamps=timed)
-    timer = RequestTimer(state.metrics, TRANSCRIBE_ROUTE)
-    async with KernelRequest(served.kernel, params, timer, None, state.config.request_timeout_s) as gen:
-        out = await gen.collect()
-    text = "".join(out.text).strip()
-    if fmt == "text":
-        return web.Response(text=text, content_type="text/plain")
-    # a model that gives no timed segments gets one segment for the whole clip
-    segments = [(float(s["start"]), min(float(s["end"]), duration), str(s["text"]).strip(), list(s.get("tokens", ())))
-                for s in out.segments] or [(0.0, duration, text, [])]
-    if fmt in ("srt", "vtt"):
-        sep = "," if fmt == "srt" else "."
-        cues = [f"{_timestamp(a, sep)} --> {_timestamp(b, sep)}\n{t}\n" for a, b, t, _ in segments]
-        body = "\n".join(f"{i}\n{c}" for i, c in enumerate(cues, 1)) if fmt == "srt" else "WEBVTT\n\n" + "\n".join(cues)
-        return web.Response(text=body, content_type="text/plain" if fmt == "srt" else "text/vtt")
-    if fmt == "verbose_json":
-        return web.json_response({"task": "transcribe", "language": out.language or language or "unknown",
-                                  "duration": duration, "text": text,
-                                  "segments": [{"id": i, "seek": 0, "start": a, "end": b, "text": t, "tokens": toks,
-                                                "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 0.0,
-                                                "no_speech_prob": 0.0} for i, (a, b, t, toks) in enumerate(segments)]})
-    usage = {"type": "duration", "seconds": duration}
-    return web.json_response({"text": text, "usage": usage})
-

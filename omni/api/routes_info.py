@@ -20,9 +20,13 @@ def _state(request: web.Request):
 
 
 def _model_card(state, name: str) -> dict:
+    """A model's card; `transcribes` only where a transcription asked of this name is this model's
+    own work (not a side model's), `root` the served model an alias stands for."""
     info = state.model_info(name) or state.info
-    return {"id": name, "object": "model", "created": state.started_at, "owned_by": "omni",
-            "family": info.family, "speaks": info.speaks, "transcribes": info.transcribes,
+    doer = state.transcriber(name)
+    return {"id": name, "object": "model", "created": state.started_at, "owned_by": "omni", "root": info.id,
+            "family": info.family, "speaks": info.speaks,
+            "transcribes": bool(info.transcribes and doer is not None and doer.info is info),
             "voices": list(info.voices), "random_weights": info.random_weights}
 
 

@@ -4,7 +4,7 @@ names the field. The same Structs generate the OpenAPI schemas (openapi.py), so 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 from msgspec import Meta, Struct
@@ -20,8 +20,8 @@ RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=10.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]  # OpenAI's presence / frequency range
 MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
 LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=1024)]
-ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus"]
-SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
+ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus", "aac"]
+SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
 
 
 class TextPart(Struct, tag="text", tag_field="type"):
@@ -39,7 +39,7 @@ class ImagePart(Struct, tag="image_url", tag_field="type"):
 
 class InputAudio(Struct):
     data: str
-    format: Literal["wav", "mp3", "flac", "ogg"]
+    format: Literal["wav", "mp3", "flac", "ogg", "webm", "m4a", "mp4", "aac", "opus"]  # a hint: the bytes decide
 
 
 class AudioPart(Struct, tag="input_audio", tag_field="type"):
@@ -102,6 +102,24 @@ class ChatCompletionRequest(Struct):
     stage_sampling: dict[str, StageSampling] | None = None
     user: str | None = None
     ignore_eos: bool | None = None  # vLLM's extension: the thinker does not stop at EOS
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    # OpenAI parameters omni does not serve yet: decoded so that a request using one is refused
+    # with a 400 naming it (`UNSERVED_CHAT_FIELDS`), never silently answered without it
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    response_format: Any = None
+    prediction: Any = None
+
+
+# field -> what a request may set it to and still be served (None: any value is refused)
+UNSERVED_CHAT_FIELDS: dict[str, tuple] = {
+    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},), "prediction": (),
+}
 
 
 class SpeechRequest(Struct):

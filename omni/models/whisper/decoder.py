@@ -18,6 +18,8 @@ from torch import nn
 
 from omni.kernel.errors import InvalidRequest
 from omni.models.whisper.config import WhisperConfig
+from omni.models.whisper.logits import WhisperRules
+from omni.models.whisper.stats import STATS
 from omni.models.whisper.modules import DecoderLayer, TextDecoder
 from omni.models.whisper.weights import load_into
 from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput, KVCacheSpec
@@ -59,9 +61,19 @@ class WhisperDecoder(ARModel):
         return self.net.embed_tokens(input_ids)
 
     def logits_processors(self) -> list:
-        from omni.models.whisper.logits import WhisperRules
-
         return [WhisperRules()]
+
+    def after_sample(self, seqs, tokens: torch.Tensor, hidden: torch.Tensor) -> None:
+        """verbose_json: the drawn token's log-probability under the row the rules left."""
+        timed = [i for i, s in enumerate(seqs) if STATS in s.model_state]
+        if timed:
+            host = tokens.tolist()
+            for i in timed:
+                stats = seqs[i].model_state[STATS]
+                if host[i] >= 0 and stats.row is not None:
+                    stats.after_sample(stats.row, host[i])
+                stats.row = None
+        return None
 
     def prepare(self, seq: "Sequence", inputs: dict[str, Any]) -> None:
         memory = inputs.get("encoder_out")

@@ -30,6 +30,7 @@ from omni.models.whisper.encoder_stage import WhisperBatchEncoder
 from omni.models.whisper.features import WINDOW_FRAMES
 from omni.models.whisper.logits import RULES, DecodeRules
 from omni.models.whisper.seek import cut, shifted_mel
+from omni.models.whisper.stats import STATS, DecodeStats, compression_ratio
 from omni.models.whisper.transcript import WhisperText, join_texts
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.engine import AREngine
@@ -37,6 +38,7 @@ from omni.stages.ar.sequence import SamplingParams
 from omni.stages.threads import pin_torch_threads
 
 DETECT = "lang"  # engine rid suffix of a language-detection sequence (windows: "<index>:<pass>")
+PROBE = "ns"  # engine rid suffix of a no-speech probe ("<index>:<pass>:ns")
 FRAMES_PER_SECOND = 100
 
 
@@ -47,12 +49,14 @@ class _Window:
     duration_s: float
     mel: torch.Tensor | None = None  # kept for a timestamp seek
     seek: int = 0  # log-mel frames of the window already decoded by earlier passes
-    passes: list[tuple[int, list[int]]] = field(default_factory=list)  # (seek, kept tokens) per pass
+    passes: list[tuple[int, list[int], DecodeStats | None]] = field(default_factory=list)  # (seek, kept, stats)
+    stats: DecodeStats | None = None  # the pass in the engine's (with timestamps: verbose_json reports them)
+    probes: int = 0  # no-speech probes of this window still in the engine
     done: bool = False
 
     @property
     def tokens(self) -> list[int]:
-        return [t for _, kept in self.passes for t in kept]
+        return [t for _, kept, _ in self.passes for t in kept]
 
 
 @dataclass
@@ -78,6 +82,7 @@ class WhisperDecoderStage(Stage):
         self.requests: dict[str, _Request] = {}
         self.errors: list[Emit] = []
         self.outputs: dict[str, list[int]] = {}  # engine rid -> tokens so far
+        self.probes: dict[str, tuple[DecodeStats, DecodeStats]] = {}  # probe rid -> (its pass's stats, its own)
         self.seek_encoder: WhisperBatchEncoder | None = None
         self.engine: AREngine | None = None
 
@@ -145,6 +150,7 @@ class WhisperDecoderStage(Stage):
         for engine_rid in req.live:
             self.engine.abort(engine_rid)
             self.outputs.pop(engine_rid, None)
+            self.probes.pop(engine_rid, None)
 
     # ---- submission -----------------------------------------------------------------
     def _rules(self, req: _Request, allowed: tuple[int, ...] = ()) -> DecodeRules:
@@ -172,14 +178,29 @@ class WhisperDecoderStage(Stage):
                 if len(self.engine.seqs) >= self.max_seqs:
                     return  # admitted later (`_admit`): cross keys/values are ~8x an encoder output
                 engine_rid = f"{rid}/{i}:{len(window.passes)}"
-                self.engine.add_request(engine_rid, prompt, params,
-                                        inputs={"encoder_out": window.encoder_out, RULES: self._rules(req)})
+                inputs = {"encoder_out": window.encoder_out, RULES: self._rules(req)}
+                if req.timestamps:
+                    window.stats = inputs[STATS] = DecodeStats(self.cfg.no_speech if prompt[-1] == self.cfg.sot else None)
+                    if window.stats.no_speech is None:
+                        self._probe(rid, req, window, prompt, engine_rid)
+                self.engine.add_request(engine_rid, prompt, params, inputs=inputs)
                 window.encoder_out = None  # the engine holds its cross keys/values now
                 req.live.add(engine_rid)
                 req.prompt_tokens += len(prompt)
         except InvalidRequest as exc:
             self.errors.append(Emit(rid, error=str(exc), error_kind=exc.kind))
             self.abort(rid)
+
+    def _probe(self, rid: str, req: _Request, window: _Window, prompt: list[int], engine_rid: str) -> None:
+        """No-speech probability is read at <|startoftranscript|>: a prompt that goes on past it
+        (language, task) gets a one-step probe of the prompt up to there."""
+        probe_rid, own = f"{engine_rid}:{PROBE}", DecodeStats(self.cfg.no_speech, sum_logprobs=False)
+        self.engine.add_request(probe_rid, prompt[:prompt.index(self.cfg.sot) + 1],
+                                SamplingParams(temperature=0.0, max_tokens=1),
+                                inputs={"encoder_out": window.encoder_out, STATS: own})
+        self.probes[probe_rid] = (window.stats, own)
+        window.probes += 1
+        req.live.add(probe_rid)
 
     def _admit(self) -> None:
         """Hand waiting windows to the engine, oldest request first, while it has room."""
@@ -206,6 +227,11 @@ class WhisperDecoderStage(Stage):
             if part == DETECT:
                 req.language = seq_tokens[0] if seq_tokens else self.cfg.language_token("en")
                 self._submit_ready(rid, req)
+            elif part.endswith(f":{PROBE}"):
+                stats, own = self.probes.pop(out.rid)
+                stats.no_speech_prob = own.no_speech_prob
+                req.windows[int(part.partition(":")[0])].probes -= 1
+                touched.add(rid)
             else:
                 self._pass_done(req, req.windows[int(part.partition(":")[0])], seq_tokens)
                 req.completion_tokens += len(seq_tokens)
@@ -221,7 +247,9 @@ class WhisperDecoderStage(Stage):
         """Keep a finished pass; with timestamps, seek and queue another pass when it stopped mid-segment."""
         tokens = [t for t in tokens if t != self.cfg.eot]
         keep, frames = cut(tokens, self.cfg.timestamp_begin) if req.timestamps else (len(tokens), None)
-        window.passes.append((window.seek, tokens[:keep]))
+        window.passes.append((window.seek, tokens[:keep], window.stats))
+        if window.stats is not None:  # the average is over the whole pass (openai-whisper's), kept or not
+            window.stats.finish(len(tokens))
         if frames is None or window.mel is None or window.seek + frames >= WINDOW_FRAMES:
             window.done, window.mel = True, None
             return
@@ -236,7 +264,7 @@ class WhisperDecoderStage(Stage):
         if req is None:
             return []
         emits = []
-        while req.emitted in req.windows and req.windows[req.emitted].done:
+        while req.emitted in req.windows and req.windows[req.emitted].done and not req.windows[req.emitted].probes:
             window = req.windows.pop(req.emitted)
             tokens = window.tokens
             text = self.text.decode(tokens)
@@ -246,8 +274,8 @@ class WhisperDecoderStage(Stage):
             data: dict[str, Any] = {"text": text, "token_ids": tokens, "window": req.emitted,
                                     "language": self._language_code(req.language)}
             if req.timestamps:
-                data["segments"] = [s.as_dict() for seek, kept in window.passes for s in self.text.segments(
-                    kept, window.offset_s + seek / FRAMES_PER_SECOND, max(0.0, window.duration_s - seek / FRAMES_PER_SECOND))]
+                data["segments"] = [seg for seek, kept, stats in window.passes
+                                    for seg in self._segments(req, window, seek, kept, stats)]
             emits.append(Emit(rid, "text", data))
             req.emitted += 1
         if req.num_windows is not None and req.emitted >= req.num_windows:
@@ -255,6 +283,18 @@ class WhisperDecoderStage(Stage):
             emits.append(Emit(rid, finish=True, end_meta={"usage": usage, "finish_reason": "stop"}))
             del self.requests[rid]
         return emits
+
+    def _segments(self, req: _Request, window: _Window, seek: int, kept: list[int], stats: DecodeStats | None
+                  ) -> list[dict[str, Any]]:
+        """One pass's timed segments, each with its pass's statistics (as openai-whisper reports them)."""
+        start = seek / FRAMES_PER_SECOND
+        segments = self.text.segments(kept, window.offset_s + start, max(0.0, window.duration_s - start))
+        facts = {"seek": int(round(window.offset_s * FRAMES_PER_SECOND)) + seek,
+                 "temperature": req.sampling.temperature, "compression_ratio": compression_ratio(self.text.decode(kept))}
+        if stats is not None:
+            facts["avg_logprob"] = stats.avg_logprob
+            facts["no_speech_prob"] = stats.no_speech_prob
+        return [{**seg.as_dict(), **facts} for seg in segments]
 
     def _language_code(self, token: int | None) -> str:
         if token is None:

@@ -55,6 +55,7 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
                   edges=[EdgeSpec("encoder", "windows", "decoder"), EdgeSpec("decoder", "text", OUT)])
     info = ModelInfo(id=options.get("model_id") or model_id(model_dir), family="whisper", transcribes=True,
                      sample_rate=16000,
-                     extra={"multilingual": cfg.multilingual, "languages": list(cfg.language_ids()) if cfg.multilingual
+                     extra={"tasks": ["transcribe", "translate"] if cfg.multilingual else ["transcribe"],
+                            "multilingual": cfg.multilingual, "languages": list(cfg.language_ids()) if cfg.multilingual
                             else ["en"]})
     return graph, info

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from omni.models.whisper.stats import STATS
 from omni.stages.ar.sampler import LogitsProcessor
 from omni.stages.ar.sequence import Sequence
 
@@ -72,14 +73,22 @@ class DecodeRules:
 
 class WhisperRules(LogitsProcessor):
     """Each sequence's `DecodeRules` mask its row. They read the host token history, so
-    Whisper's steps sample eagerly (not inside a decode graph)."""
+    Whisper's steps sample eagerly (not inside a decode graph). Sequences with `DecodeStats`
+    (verbose_json) have their no-speech probability read before the rules and keep the row as
+    the rules left it; the decoder's `after_sample` reads the drawn token's log-probability."""
 
     graph_safe = False
 
     def __call__(self, logits: torch.Tensor, slots: torch.Tensor, seqs: list[Sequence] | None) -> torch.Tensor:
-        rows = [i for i, s in enumerate(seqs or ()) if RULES in s.model_state]
+        seqs = seqs or []
+        rows = [i for i, s in enumerate(seqs) if RULES in s.model_state]
+        timed = [i for i, s in enumerate(seqs) if STATS in s.model_state]
+        for i in timed:
+            seqs[i].model_state[STATS].before_rules(logits[i], seqs[i].output_token_ids)
         if rows:
             logits = logits.clone()
             for i in rows:
                 seqs[i].model_state[RULES].apply(logits[i], seqs[i].output_token_ids)
+        for i in timed:
+            seqs[i].model_state[STATS].row = logits[i]
         return logits

