@@ -146,8 +146,8 @@ def test_kernels_compile_for_sm90_with_pipelined_weight_loads():
     for kernel in (up, dn):  # cp.async: the K loop is software-pipelined (weight bytes in flight)
         assert "cp.async" in kernel.asm["ptx"] and kernel.metadata.shared <= 200 * 1024
     n_blocks = m.max_blocks(512, 128, 16)
-    _compile_for_sm90(m._align_one_program, types, dict(PAIRS=512, EXPERTS=128, N_BLOCKS=n_blocks, BLOCK_M=16, CHUNK=64,
-                                                        BLOCK_E=128, BLOCK_B=256), num_warps=8)
+    _compile_for_sm90(m._align_one_program, {**types, "PAIRS": "i32", "N_BLOCKS": "i32"},
+                      dict(EXPERTS=128, BLOCK_M=16, CHUNK=64, BLOCK_E=128, BLOCK_B=256, BLOCK_P=512), num_warps=8)
 
 
 # ---- on the GPU ---------------------------------------------------------------------------

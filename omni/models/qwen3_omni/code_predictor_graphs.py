@@ -168,5 +168,5 @@ class CodePredictorGraphs:
         except Exception as exc:  # a kernel that cannot be captured
             self.disabled = f"{type(exc).__name__}: {exc}"
             log.warning("code-predictor CUDA-graph capture failed, it runs eagerly from now on: %s", self.disabled)
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
             return False

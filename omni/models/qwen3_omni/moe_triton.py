@@ -88,26 +88,29 @@ if triton is not None:
     @triton.jit
     def _align_one_program(
         chosen_ptr, sorted_ids_ptr, block_expert_ptr,
-        PAIRS: tl.constexpr, EXPERTS: tl.constexpr, N_BLOCKS: tl.constexpr,
+        PAIRS, EXPERTS: tl.constexpr, N_BLOCKS,
         BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr,
+        BLOCK_P: tl.constexpr,
     ):
         """`align_pairs` in one launch (decode sizes): counts and in-expert ranks from one-hot
-        [CHUNK, E] tiles, a running per-expert carry between chunks."""
+        [CHUNK, E] tiles, a running per-expert carry between chunks. The pair and block counts
+        are runtime values, the loops bounded by their powers of two BLOCK_P and BLOCK_B: one compile
+        per power-of-two bucket, not one per prompt length (first requests compiled anew)."""
         e = tl.arange(0, BLOCK_E)
         counts = tl.zeros([BLOCK_E], dtype=tl.int32)
-        for p0 in range(0, PAIRS, CHUNK):
+        for p0 in range(0, BLOCK_P, CHUNK):
             p = p0 + tl.arange(0, CHUNK)
             ids = tl.load(chosen_ptr + p, mask=p < PAIRS, other=BLOCK_E).to(tl.int32)
             counts += tl.sum((ids[:, None] == e[None, :]).to(tl.int32), 0)
         blocks = (counts + BLOCK_M - 1) // BLOCK_M
         block_end = tl.cumsum(blocks, 0)
         row_start = (block_end - blocks) * BLOCK_M
-        for r0 in range(0, N_BLOCKS * BLOCK_M, CHUNK):  # padding rows hold the sentinel PAIRS
+        for r0 in range(0, BLOCK_B * BLOCK_M, CHUNK):  # padding rows hold the sentinel PAIRS
             r = r0 + tl.arange(0, CHUNK)
-            tl.store(sorted_ids_ptr + r, tl.full([CHUNK], PAIRS, tl.int32), mask=r < N_BLOCKS * BLOCK_M)
+            tl.store(sorted_ids_ptr + r, tl.zeros([CHUNK], tl.int32) + PAIRS, mask=r < N_BLOCKS * BLOCK_M)
         tl.debug_barrier()
         seen = tl.zeros([BLOCK_E], dtype=tl.int32)
-        for p0 in range(0, PAIRS, CHUNK):
+        for p0 in range(0, BLOCK_P, CHUNK):
             p = p0 + tl.arange(0, CHUNK)
             ids = tl.load(chosen_ptr + p, mask=p < PAIRS, other=BLOCK_E).to(tl.int32)
             onehot = (ids[:, None] == e[None, :]).to(tl.int32)
@@ -214,7 +217,7 @@ def layout(chosen: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.
     _align_one_program[(1,)](
         chosen.contiguous(), sorted_ids, block_expert, PAIRS=pairs, EXPERTS=num_experts, N_BLOCKS=n_blocks,
         BLOCK_M=block_m, CHUNK=64, BLOCK_E=triton.next_power_of_2(num_experts),
-        BLOCK_B=triton.next_power_of_2(n_blocks), num_warps=8)
+        BLOCK_B=triton.next_power_of_2(n_blocks), BLOCK_P=max(64, triton.next_power_of_2(pairs)), num_warps=8)
     return sorted_ids, block_expert
 
 

@@ -90,8 +90,7 @@ class TalkerStage(ARStage):
             model = model if model is not None else TalkerModel.from_checkpoint(args["model_dir"], dtype=dtype, device=self.ctx.device)
         return model
 
-    def setup(self) -> None:
-        super().setup()
+    def engine_ready(self) -> None:
         self.model = self.engine.model
         self.model.max_model_len = self.engine.config.max_model_len
         self._accept = self.model.cfg.talker.accept_hidden_layer
@@ -113,6 +112,19 @@ class TalkerStage(ARStage):
             self._errors.append(Emit(rid, error=str(exc), error_kind=exc.kind))
             return
         self._streams[rid] = _Stream(req, sampling)
+
+    def warm_requests(self) -> list:
+        """A user turn of each prefill bucket's length and an assistant turn, with zero thinker rows,
+        through the serving path (open / feed / close_input), at the default sampling."""
+        ids, width = self.model.ids, self.model.cfg.talker.thinker_hidden_size
+        out = []
+        for n in self.warm_lengths():
+            prompt = [ids.im_start, ids.user] + [11] * max(1, n - 5) + [ids.im_start, ids.assistant, 198]
+            rows = torch.zeros(len(prompt) + 2, width)
+            chunk = {"embed": rows, "hidden": rows, "token_ids": prompt + [11, 11], "prompt_len": len(prompt)}
+            params = {"sampling": {self.sampling_key: {"max_tokens": 3, "ignore_eos": True}}}
+            out.append((params, [("hidden", chunk)]))
+        return out
 
     def sampling_params(self, params: dict[str, Any]) -> SamplingParams:
         """transformers' talker defaults, then `args["default_sampling"]`, then the request's

@@ -44,8 +44,7 @@ class ThinkerStage(ARStage):
         self.tokenizer = None
         self._texts: dict[str, TextStream] = {}
 
-    def setup(self) -> None:
-        super().setup()
+    def engine_ready(self) -> None:
         if self.ctx.args.get("model_dir"):
             self.tokenizer = load_tokenizer(self.ctx.args["model_dir"])
 
@@ -94,6 +93,12 @@ class ThinkerStage(ARStage):
     def wants_hidden(self, params: dict[str, Any]) -> bool:
         """Taps feed the talker: none for a request that asked for text only."""
         return super().wants_hidden(params) and wants_audio(params)
+
+    def warm_requests(self) -> list:
+        """Greedy prompts of each prefill bucket's length (plain token ids, no media)."""
+        sampling = {"temperature": 0, "max_tokens": 2, "ignore_eos": True}
+        return [({"prompt_token_ids": [11] * n, "sampling": {self.sampling_key: sampling}}, [])
+                for n in self.warm_lengths()]
 
     def submit(self, rid: str, params: dict[str, Any], token_ids: list[int], inputs: dict[str, Any]) -> None:
         super().submit(rid, params, token_ids, inputs)

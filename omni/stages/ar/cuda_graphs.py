@@ -317,5 +317,5 @@ class DecodeGraphs:
         except Exception as exc:  # a model that syncs the host, or a kernel that cannot be captured
             self.disabled = f"{type(exc).__name__}: {exc}"
             log.warning("CUDA-graph capture failed, decode runs eagerly from now on: %s", self.disabled)
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
             return False

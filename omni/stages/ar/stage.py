@@ -23,6 +23,8 @@ convention: "thinker", "talker"), else top-level keys (prefixed with `param_pref
 from __future__ import annotations
 
 import importlib
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +39,7 @@ from omni.stages.ar.sequence import SamplingParams
 from omni.stages.threads import pin_torch_threads
 
 BACKENDS = ("builtin", "sglang")
+log = logging.getLogger("omni.ar.stage")
 
 
 @dataclass
@@ -101,9 +104,54 @@ class ARStage(Stage):
             from omni.stages.ar.sglang_backend import sglang_engine_for
 
             self.engine = sglang_engine_for(self.ctx.args, self.engine_config(), self.sglang_model_path)
+            self.engine_ready()
             return
         self.engine = AREngine(self.build_model(), self.engine_config())
+        self.engine_ready()
         self.engine.warmup(self.tap_variants())  # every decode graph before the stage says it is ready
+        self.warm_up()
+
+    def engine_ready(self) -> None:
+        """The engine exists: a subclass finishes its own set-up here (before the warm-up runs)."""
+
+    # ---- start-up warm-up -------------------------------------------------------------
+    WARM_PROMPT_LENGTHS = (3, 100, 700, 1500)  # one prefill per fused-MoE tile bucket (moe_triton.CONFIGS)
+
+    def warm_requests(self) -> list[tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]]:
+        """Requests (params, chunks fed before `close_input`) run once at start-up on a GPU, so
+        that every eager kernel (prefill shapes, Triton specialisations) is compiled before the
+        stage says it is ready. Default: none; model stages override it."""
+        return []
+
+    def warm_lengths(self) -> list[int]:
+        cfg = self.engine.config
+        cap = min(cfg.max_model_len - 8, cfg.max_num_batched_tokens)
+        return sorted({max(1, min(n, cap)) for n in self.WARM_PROMPT_LENGTHS})
+
+    def warm_up(self, force: bool = False) -> int:
+        """Run `warm_requests` to their end (on CUDA, or with `force`); returns how many ran."""
+        if not force and not str(self.engine.config.device).startswith("cuda"):
+            return 0
+        requests = self.warm_requests()
+        if not requests:
+            return 0
+        t0 = time.monotonic()
+        for i, (params, chunks) in enumerate(requests):
+            rid = f"__warm-{i}"
+            self.open(rid, params)
+            for port, data in chunks:
+                self.feed(rid, port, data)
+            self.close_input(rid)
+            for _ in range(10_000):
+                emits = self.step()
+                failed = [e.error for e in emits if e.rid == rid and e.error is not None]
+                if failed:
+                    raise RuntimeError(f"stage {self.ctx.name}: warm-up request failed: {failed[0]}")
+                if any(e.rid == rid and e.finish for e in emits):
+                    break
+            self.abort(rid)
+        log.info("stage %s: %d warm-up requests in %.1f s", self.ctx.name, len(requests), time.monotonic() - t0)
+        return len(requests)
 
     def tap_variants(self) -> list[tuple[int, ...]]:
         """The tap sets this stage's decode steps ask for: always its taps when it feeds a hidden

@@ -1,0 +1,34 @@
+"""Start-up warm-up requests of the Qwen3-Omni AR stages (run on a GPU before the stage is ready,
+so that no request compiles a kernel): they go through the serving path and leave nothing behind."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from omni.kernel.stage import StageContext  # noqa: E402
+from omni.models.qwen3_omni.make_tiny import make_tiny  # noqa: E402
+from omni.models.qwen3_omni.talker_stage import TalkerStage  # noqa: E402
+from omni.models.qwen3_omni.thinker_stage import ThinkerStage  # noqa: E402
+
+ENGINE = {"block_size": 8, "num_blocks": 64, "max_model_len": 256, "max_num_batched_tokens": 128}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return str(make_tiny(tmp_path_factory.mktemp("tiny-a"), seed=0, preset="tiny-a"))
+
+
+@pytest.mark.parametrize("kind", [ThinkerStage, TalkerStage])
+def test_warm_requests_run_to_the_end_and_leave_nothing(ckpt, kind):
+    ports = {"in_ports": ["in"], "out_ports": ["text", "hidden"]} if kind is ThinkerStage else {"in_ports": ["hidden"]}
+    stage = kind(StageContext(kind.__name__, args={"model_dir": ckpt, **ENGINE}, **ports))
+    stage.setup()  # on CPU: no warm-up here
+    assert stage.engine.num_steps == 0
+    lengths = stage.warm_lengths()
+    assert lengths == [3, 100, 128]  # capped by the step's token budget (chunked prefill covers the rest)
+    assert stage.warm_up(force=True) == len(lengths)
+    assert stage.engine.num_steps >= len(lengths) and not stage.engine.seqs and not stage.engine.has_unfinished()
+    blocks = stage.engine.scheduler.blocks
+    assert blocks.num_free_blocks == blocks.num_blocks  # every warm-up block returned
