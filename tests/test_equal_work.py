@@ -220,3 +220,37 @@ def test_equal_work_dry_run_on_cpu(tmp_path):
         assert r["ok"] == "4/4" and r["tpot_p50_ms"] > 0 and r["experts_hit_per_layer"] >= 2
         assert r["weight_read_floor_ms"] > 0 and r["distinct_streams"] == 4
     assert "| omni | 4 |" in (tmp_path / "equal_work.md").read_text()
+
+
+def test_issue12_script_builds_valid_commands(tmp_path):
+    """bench/h200/issue12.sh (the lead's one device call) with DRY_RUN=1: every command it would run
+    parses with its tool's own parser and carries the variant's omnid arguments and overrides."""
+    import os
+    import shlex
+    import subprocess
+
+    import equal_work
+    import gpu_suite
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "DRY_RUN": "1", "R": str(tmp_path / "r"), "OUT": str(tmp_path / "out"),
+           "SERVE_VARIANTS": "omni:;omni-mps:--mps --foo=1", "OMNID_SET": "talker.args.a=1 thinker.args.b=2",
+           "SUITE_ARGS": "--concurrency 1,16 --greedy-levels=", "EQUAL_ARGS": "--layers 12", "SERVE_BUDGET": "400"}
+    proc = subprocess.run(["bash", "bench/h200/issue12.sh"], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    log = (tmp_path / "out" / "issue12.log").read_text()
+    serve = [line.split("): ", 1)[1] for line in log.splitlines() if "] serve " in line and "): " in line]
+    assert len(serve) == 2
+    for line, label, extra in zip(serve, ["omni", "omni-mps"], [[], ["--mps", "--foo=1"]]):
+        argv = shlex.split(line)
+        assert argv[:2] == ["python3", "bench/gpu_suite.py"]
+        args = gpu_suite.build_parser().parse_args(argv[2:])
+        assert args.label == label and args.omnid_arg == extra and args.no_hf and args.budget_s == 200
+        assert args.extra_set == ["talker.args.a=1", "thinker.args.b=2"]
+        assert args.concurrency == "1,16" and args.greedy_levels == "" and args.cold is None  # suite default 1,16
+    (eq,) = [line.split("): ", 1)[1] for line in log.splitlines() if "] equal work (" in line]
+    argv = shlex.split(eq)
+    args = equal_work.build_parser().parse_args(argv[2:])
+    assert args.engines in ("omni", "omni,sglang") and args.layers == 12 and args.budget_s <= 210  # no SGLang kit here
+    assert (tmp_path / "out" / "issue12.tgz").exists()
