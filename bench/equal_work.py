@@ -91,8 +91,18 @@ class EqualWork:
                "--seed", str(a.seed)]
         return out + (["--requests", str(a.requests)] if a.requests else [])
 
-    def run(self, name: str, cmd: list[str], want: float) -> dict:
-        return run_phase(self.phases, self.out, name, cmd, self.limit(want, self.reserve_after(name)), self.t0)
+    def run(self, name: str, cmd: list[str], want: float, env: dict | None = None) -> dict:
+        return run_phase(self.phases, self.out, name, cmd, self.limit(want, self.reserve_after(name)), self.t0, env)
+
+    def sglang_env(self) -> dict | None:
+        """SGLang's packages (the GPU kit's /tmp/site and shim) for its phase alone: omni's phases run
+        without them."""
+        import os
+
+        if not self.args.sglang_path:
+            return None
+        rest = [str(ROOT), os.environ.get("PYTHONPATH", "")]
+        return {"PYTHONPATH": os.pathsep.join(p for p in [self.args.sglang_path, *rest] if p)}
 
     def main(self) -> dict:
         a = self.args
@@ -122,7 +132,7 @@ class EqualWork:
                            "--tokens-out", str(self.out / "sglang_tokens.json")]
                     if a.sglang_engine_args:
                         cmd += ["--engine-args", a.sglang_engine_args]
-                    self.run("sglang", cmd, a.sglang_limit_s)
+                    self.run("sglang", cmd, a.sglang_limit_s, self.sglang_env())
             tokens = [str(self.out / f"{e}_tokens.json") for e in self.engines if (self.out / f"{e}_tokens.json").exists()]
             if tokens:
                 cmd = [PY, "bench/expert_hits.py", "--model-path", str(self.model_dir), "--tokens", *tokens,
@@ -230,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0, help="of the prompts")
     ap.add_argument("--sglang-engine-args", default=None, help="JSON of extra sglang.Engine arguments")
+    ap.add_argument("--sglang-path", default=None,
+                    help="PYTHONPATH entries put first for the SGLang phase only (e.g. /tmp/site:.sglkit/shim)")
     ap.add_argument("--hbm-tbps", type=float, default=4.8)
     ap.add_argument("--budget-s", type=float, default=210.0)
     ap.add_argument("--checkpoint-limit-s", type=float, default=90.0)

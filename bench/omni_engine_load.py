@@ -132,8 +132,13 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from omni.models.qwen3_omni.text_checkpoint import load_text_thinker
-    from omni.stages.ar.cuda_graphs import batch_buckets
     from omni.stages.ar.engine import AREngine
+
+    try:
+        from omni.stages.ar.cuda_graphs import batch_buckets
+    except ImportError:  # the engine's bucket rule moved: warm the usual ones
+        def batch_buckets(m: int) -> list[int]:
+            return sorted({b for b in (1, 2, 4, 8) if b < m} | set(range(16, m, 8)) | {m})
 
     if args.device == "cpu":
         torch.set_num_threads(max(1, min(2, torch.get_num_threads())))

@@ -207,19 +207,53 @@ def test_sglang_driver_distinct_prompts_and_records(ckpt, tmp_path):
     assert agree["requests"] == 5 and agree["identical"] == 4 and agree["prefix_share_mean"] < 1.0
 
 
+STAND_IN_SGLANG = """
+import asyncio
+
+
+class Engine:  # streams like sglang.Engine (cumulative output_ids); tokens from the prompt's sum
+    def __init__(self, **kwargs):
+        assert kwargs["load_format"] == "auto"
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+
+    async def async_generate(self, input_ids, sampling_params, stream):
+        return self._gen(list(input_ids), sampling_params["max_new_tokens"])
+
+    async def _gen(self, prompt, n):
+        outs = []
+        for k in range(n):
+            outs.append((sum(prompt) * 31 + 17 * k) % 4000)
+            await asyncio.sleep(0.002)
+            yield {"output_ids": list(outs), "meta_info": {}}
+
+    def shutdown(self):
+        pass
+"""
+
+
 @pytest.mark.slow
 def test_equal_work_dry_run_on_cpu(tmp_path):
-    """The orchestration at test sizes, omni only: checkpoint -> omni's load -> replay -> report."""
+    """The orchestration at test sizes: checkpoint -> omni's load -> SGLang's load (a stand-in
+    `sglang` package put on the path for that phase alone, as the GPU kit is) -> replay -> report."""
     import equal_work
 
-    rep = equal_work.main(["--out-dir", str(tmp_path), "--scaled", "--engines", "omni", "--layers", "2",
-                           "--requests", "4", "--max-tokens", "5", "--prompt-len", "8", "--budget-s", "200"])
-    assert [(p["name"], p["status"]) for p in rep["phases"]] == [("checkpoint", "ok"), ("omni", "ok"), ("experts", "ok")]
-    assert [(r["engine"], r["concurrency"]) for r in rep["rows"]] == [("omni", 1), ("omni", 4)]
+    fake = tmp_path / "fake"
+    (fake / "sglang").mkdir(parents=True)
+    (fake / "sglang" / "__init__.py").write_text(STAND_IN_SGLANG)
+    rep = equal_work.main(["--out-dir", str(tmp_path / "out"), "--scaled", "--layers", "2", "--requests", "4",
+                           "--max-tokens", "5", "--prompt-len", "8", "--budget-s", "240", "--sglang-path", str(fake)])
+    assert [(p["name"], p["status"]) for p in rep["phases"]] == [
+        ("checkpoint", "ok"), ("omni", "ok"), ("sglang", "ok"), ("experts", "ok")]
+    assert [(r["engine"], r["concurrency"]) for r in rep["rows"]] == [
+        ("omni", 1), ("sglang", 1), ("omni", 4), ("sglang", 4)]
     for r in rep["rows"]:
         assert r["ok"] == "4/4" and r["tpot_p50_ms"] > 0 and r["experts_hit_per_layer"] >= 2
         assert r["weight_read_floor_ms"] > 0 and r["distinct_streams"] == 4
-    assert "| omni | 4 |" in (tmp_path / "equal_work.md").read_text()
+    assert all(r["tpot_vs_sglang"] for r in rep["rows"] if r["engine"] == "omni")
+    assert rep["token_agreement"]["requests"] == 8 and rep["engine_start"]["sglang_start_s"] is not None
+    md = (tmp_path / "out" / "equal_work.md").read_text()
+    assert "| omni | 4 |" in md and "| sglang | 4 |" in md
 
 
 def test_issue12_script_builds_valid_commands(tmp_path):

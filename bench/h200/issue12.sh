@@ -92,10 +92,10 @@ if [[ ",$PARTS," == *,sglang,* ]]; then
   if [ -n "$KIT_PID" ]; then say "waiting for the SGLang kit install"; wait "$KIT_PID"; fi
   cat "$R"/sglkit_*.log >> "$LOG" 2>/dev/null
   engines=omni
-  KIT_PATH=$BASE_PATH
+  KIT=()
   if [ -f /tmp/site/.sglkit-part-a ] && [ -f /tmp/site/.sglkit-part-b ] && [ -d .sglkit/shim ]; then
     engines=omni,sglang
-    KIT_PATH=/tmp/site:$PWD/.sglkit/shim:$BASE_PATH
+    KIT=(--sglang-path "/tmp/site:$PWD/.sglkit/shim")  # SGLang's phase alone sees the kit
   elif python3 -c "import sglang" >/dev/null 2>&1; then
     engines=omni,sglang
   else
@@ -106,11 +106,11 @@ if [[ ",$PARTS," == *,sglang,* ]]; then
   if [ "$budget" -lt 45 ]; then
     say "equal work: skipped (only ${budget}s left)"
   else
-    cmd=(python3 bench/equal_work.py --out-dir "$R/equal_work" --engines "$engines" --budget-s "$budget" "${SCALED_ARG[@]}")
+    cmd=(python3 bench/equal_work.py --out-dir "$R/equal_work" --engines "$engines" --budget-s "$budget" "${KIT[@]}" "${SCALED_ARG[@]}")
     # shellcheck disable=SC2206
     cmd+=(${EQUAL_ARGS:-})
     say "equal work (${budget}s): ${cmd[*]}"
-    [ "${DRY_RUN:-0}" = 1 ] || PYTHONPATH=$KIT_PATH timeout -k 10 $(( budget + 20 )) "${cmd[@]}" > "$R/equal_work.log" 2>&1
+    [ "${DRY_RUN:-0}" = 1 ] || PYTHONPATH=$BASE_PATH timeout -k 10 $(( budget + 20 )) "${cmd[@]}" > "$R/equal_work.log" 2>&1
     say "equal work: rc=$?"; tail -n 30 "$R/equal_work.log" | tee -a "$LOG" >/dev/null
     [ -f "$R/equal_work/equal_work.md" ] && cp "$R/equal_work/equal_work.md" "$OUT/equal_work.md"
   fi
