@@ -185,6 +185,7 @@ class EqualWork:
                             "levels": a.concurrency, "requests": a.requests or "max(2c, 8)"},
                "experts_method": (read_json(self.out / "experts.json") or {}).get("method"),
                "engine_start": {"omni_load_s": (results["omni"] or {}).get("load_s"),
+                                "omni_capture_s": (results["omni"] or {}).get("capture_s"),
                                 "omni_warmup_s": (results["omni"] or {}).get("warmup_s"),
                                 "sglang_start_s": (results["sglang"] or {}).get("engine_start_s")},
                "token_agreement": agree, "phases": self.phases, "rows": rows}

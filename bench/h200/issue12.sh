@@ -12,10 +12,10 @@
 #   SERVE_BUDGET=300       seconds for all serve variants together (split evenly between them)
 #   SGLANG_BUDGET=210      seconds for the equal-work table (cut to what is left of TOTAL_S)
 #   TOTAL_S=570            the whole script's wall-clock plan (the device call allows 600)
-#   OMNID_ARGS="--mps"     extra `omnid serve` arguments (each word becomes --omnid-arg=WORD)
+#   OMNID_ARGS="--mps=off" extra `omnid serve` arguments (each word becomes --omnid-arg=WORD)
 #   OMNID_SET="talker.args.x=1 ..."  extra omnid --set overrides (each word becomes --set WORD)
 #   SERVE_LABEL=omni       the variant's name in the report
-#   SERVE_VARIANTS="omni:;omni-mps:--mps"  several serve runs, label:omnid-args each (overrides
+#   SERVE_VARIANTS="omni-nomps:--mps=off;omni-mps:--mps=on"  several serve runs, label:omnid-args each (overrides
 #                          OMNID_ARGS/SERVE_LABEL; each starts its own fresh omnid, cold levels first)
 #   SUITE_ARGS="..."       more bench/gpu_suite.py arguments (e.g. --concurrency 1,16 --greedy-levels=)
 #   EQUAL_ARGS="..."       more bench/equal_work.py arguments (e.g. --layers 12 --max-tokens 64)
