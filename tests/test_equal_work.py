@@ -286,5 +286,61 @@ def test_issue12_script_builds_valid_commands(tmp_path):
     (eq,) = [line.split("): ", 1)[1] for line in log.splitlines() if "] equal work (" in line]
     argv = shlex.split(eq)
     args = equal_work.build_parser().parse_args(argv[2:])
-    assert args.engines in ("omni", "omni,sglang") and args.layers == 12 and args.budget_s <= 210  # no SGLang kit here
+    assert args.engines in ("omni", "omni,sglang") and args.layers == 12 and args.budget_s <= 225  # no SGLang kit here
     assert (tmp_path / "out" / "issue12.tgz").exists()
+
+
+FAKE_INSTALL = """#!/usr/bin/env bash
+# stand-in for the SGLang kit's install.sh: "installs" the part's packages into SGLKIT_TARGET
+set -e
+part=$(basename "${1%/}")
+mkdir -p "$SGLKIT_TARGET"
+sleep 2
+cp -r "$1"/. "$SGLKIT_TARGET"/
+touch "$SGLKIT_TARGET/.sglkit-part-$part"
+for p in ${SGLKIT_REQUIRE:-}; do [ -f "$SGLKIT_TARGET/.sglkit-part-$p" ] || exit 3; done
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part_a", [True, False], ids=["after-call-1", "machine-recycled"])
+def test_issue12_second_call_installs_kit_b_and_runs_both_engines(tmp_path, part_a):
+    """The lead's second device call on CPU: kit part a installed by the first call, part b carried now;
+    b installs in the background while omni's phases run, SGLang's phase waits for it and then runs
+    (a stand-in sglang package stands for the kit's). On a recycled machine (no part a) SGLang's phase
+    is skipped and says why; omni's rows stand."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    work = tmp_path / "repo"
+    work.mkdir()
+    for name in ("bench", "omni"):
+        (work / name).symlink_to(root / name)
+    kit = work / ".sglkit"
+    (kit / "b" / "sglang").mkdir(parents=True)
+    (kit / "b" / "sglang" / "__init__.py").write_text(STAND_IN_SGLANG)
+    (kit / "shim").mkdir()
+    (kit / "install.sh").write_text(FAKE_INSTALL)
+    site = tmp_path / "site"
+    site.mkdir()
+    if part_a:
+        (site / ".sglkit-part-a").touch()  # the first call installed part a
+    env = {**os.environ, "SCALED": "1", "PARTS": "sglang", "SGLKIT_TARGET": str(site), "R": str(tmp_path / "r"),
+           "OUT": str(tmp_path / "out"), "EQUAL_ARGS": "--layers 2 --requests 4 --max-tokens 5 --prompt-len 8",
+           "PYTHONPATH": str(root)}
+    proc = subprocess.run(["bash", str(root / "bench/h200/issue12.sh")], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rep = json.loads((tmp_path / "r" / "equal_work" / "equal_work.json").read_text())
+    phases = [(p["name"], p["status"]) for p in rep["phases"]]
+    out = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert out == ["equal_work.md", "issue12.log", "issue12.tgz"]
+    assert (tmp_path / "r" / "sglkit.ok").exists() == part_a
+    if part_a:
+        assert phases == [("checkpoint", "ok"), ("omni", "ok"), ("sglang", "ok"), ("experts", "ok")], phases
+        assert {r["engine"] for r in rep["rows"]} == {"omni", "sglang"}
+    else:
+        assert phases[:2] == [("checkpoint", "ok"), ("omni", "ok")] and phases[-1] == ("experts", "ok")
+        assert phases[2][0] == "sglang" and phases[2][1].startswith("skipped: SGLang's install failed")
+        assert {r["engine"] for r in rep["rows"]} == {"omni"}

@@ -10,7 +10,8 @@
 # Environment (all optional):
 #   PARTS=serve,sglang     which parts run, in this order ("serve", "sglang")
 #   SERVE_BUDGET=300       seconds for all serve variants together (split evenly between them)
-#   SGLANG_BUDGET=210      seconds for the equal-work table (cut to what is left of TOTAL_S)
+#   SGLANG_BUDGET=225      seconds for the equal-work table (420 when PARTS has no serve; always cut
+#                          to what is left of TOTAL_S)
 #   TOTAL_S=570            the whole script's wall-clock plan (the device call allows 600)
 #   OMNID_ARGS="--mps=off" extra `omnid serve` arguments (each word becomes --omnid-arg=WORD)
 #   OMNID_SET="talker.args.x=1 ..."  extra omnid --set overrides (each word becomes --set WORD)
@@ -25,20 +26,22 @@
 # SGLang comes from the kit of ../shared/tools/sglang-gpu-kit in two parts that cannot travel in one
 # call (64 MiB): carry .sglkit/a (+ .sglkit/install.sh) in one call and .sglkit/b (+ install.sh,
 # .sglkit/shim) in the next, back to back on the warm machine. This script installs whichever part is
-# carried (in the background, during the serve part) and runs SGLang only when both parts are in
-# /tmp/site; otherwise the equal-work table has omni's rows alone and the log says why.
+# carried (in the background, during the serve part and omni's phases) and runs SGLang only when both
+# parts are in /tmp/site; otherwise the equal-work table has omni's rows alone and the log says why.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 OUT=${OUT:-$(mktemp -d /tmp/issue12-out.XXXX)}
 R=${R:-/tmp/r12}
 mkdir -p "$R" "$OUT"
+rm -f "$R/sglkit.done" "$R/sglkit.ok"  # a warm machine keeps /tmp: this call's install says anew
+SITE=${SGLKIT_TARGET:-/tmp/site}  # where the kit installs (install.sh's default)
 LOG="$R/issue12.log"
 say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 left() { echo $(( ${TOTAL_S:-570} - ($(date +%s) - T0) )); }
 PARTS=${PARTS:-serve,sglang}
 SERVE_BUDGET=${SERVE_BUDGET:-300}
-SGLANG_BUDGET=${SGLANG_BUDGET:-210}
+if [[ ",$PARTS," == *,serve,* ]]; then SGLANG_BUDGET=${SGLANG_BUDGET:-225}; else SGLANG_BUDGET=${SGLANG_BUDGET:-420}; fi
 SCALED_ARG=(); [ "${SCALED:-0}" = 1 ] && SCALED_ARG=(--scaled)
 say "issue12.sh: PARTS=$PARTS SERVE_BUDGET=$SERVE_BUDGET SGLANG_BUDGET=$SGLANG_BUDGET TOTAL_S=${TOTAL_S:-570} OUT=$OUT"
 
@@ -55,7 +58,9 @@ if [ -f .sglkit/install.sh ] && { [ -d .sglkit/a ] || [ -d .sglkit/b ]; }; then
       req=""; [ $part = b ] && req="a b"
       SGLKIT_REQUIRE="$req" bash .sglkit/install.sh .sglkit/$part > "$R/sglkit_$part.log" 2>&1
       echo "sglkit $part rc=$?" >> "$R/sglkit_$part.log"
-    done ) &
+    done
+    [ -f "$SITE/.sglkit-part-a" ] && [ -f "$SITE/.sglkit-part-b" ] && touch "$R/sglkit.ok"
+    touch "$R/sglkit.done" ) &
   KIT_PID=$!
   say "SGLang kit part(s) $(ls -d .sglkit/a .sglkit/b 2>/dev/null | tr '\n' ' ')installing in the background (pid $KIT_PID)"
 fi
@@ -73,6 +78,7 @@ if [[ ",$PARTS," == *,serve,* ]]; then
     budget=$(( SERVE_BUDGET / n ))
     room=$(( $(left) - 40 )); [ "$budget" -gt "$room" ] && budget=$room
     if [ "$budget" -lt 60 ]; then say "serve $label: skipped (only ${budget}s left)"; continue; fi
+    rm -rf "$R/suite-$label"  # no level JSON of an earlier call may count as this one's
     cmd=(python3 bench/gpu_suite.py --out-dir "$R/suite-$label" --label "$label" --budget-s "$budget" "${SCALED_ARG[@]}")
     [ "${HF:-0}" = 1 ] || cmd+=(--no-hf)
     for a in $args; do cmd+=("--omnid-arg=$a"); done
@@ -89,18 +95,21 @@ fi
 
 # --- part 2: equal work against SGLang ------------------------------------------------------------
 if [[ ",$PARTS," == *,sglang,* ]]; then
-  if [ -n "$KIT_PID" ]; then say "waiting for the SGLang kit install"; wait "$KIT_PID"; fi
-  cat "$R"/sglkit_*.log >> "$LOG" 2>/dev/null
   engines=omni
   KIT=()
-  if [ -f /tmp/site/.sglkit-part-a ] && [ -f /tmp/site/.sglkit-part-b ] && [ -d .sglkit/shim ]; then
+  if [ -n "$KIT_PID" ] && [ -d .sglkit/b ] && [ -d .sglkit/shim ]; then
+    # part b is installing: omni's phases run meanwhile, SGLang's phase waits for the install to end
     engines=omni,sglang
-    KIT=(--sglang-path "/tmp/site:$PWD/.sglkit/shim")  # SGLang's phase alone sees the kit
+    KIT=(--sglang-path "$SITE:$PWD/.sglkit/shim" --sglang-wait "$R/sglkit.done" --sglang-ok "$R/sglkit.ok")
+  elif [ -f "$SITE/.sglkit-part-a" ] && [ -f "$SITE/.sglkit-part-b" ] && [ -d .sglkit/shim ]; then
+    engines=omni,sglang
+    KIT=(--sglang-path "$SITE:$PWD/.sglkit/shim")  # SGLang's phase alone sees the kit
   elif python3 -c "import sglang" >/dev/null 2>&1; then
     engines=omni,sglang
   else
-    say "SGLang is not installed here (kit parts in /tmp/site: $(ls /tmp/site/.sglkit-part-* 2>/dev/null | xargs -n1 basename 2>/dev/null | tr '\n' ' ')); the table has omni's rows alone. Carry .sglkit/a in one call and .sglkit/b + .sglkit/shim in the next."
+    say "SGLang is not installed here (kit parts in $SITE: $(ls "$SITE"/.sglkit-part-* 2>/dev/null | xargs -n1 basename 2>/dev/null | tr '\n' ' ')); the table has omni's rows alone. Carry .sglkit/a in one call and .sglkit/b + .sglkit/shim in the next."
   fi
+  rm -rf "$R/equal_work"  # no result of an earlier call may count as this one's
   budget=$SGLANG_BUDGET
   room=$(( $(left) - 25 )); [ "$budget" -gt "$room" ] && budget=$room
   if [ "$budget" -lt 45 ]; then
@@ -112,10 +121,14 @@ if [[ ",$PARTS," == *,sglang,* ]]; then
     say "equal work (${budget}s): ${cmd[*]}"
     [ "${DRY_RUN:-0}" = 1 ] || PYTHONPATH=$BASE_PATH timeout -k 10 $(( budget + 20 )) "${cmd[@]}" > "$R/equal_work.log" 2>&1
     say "equal work: rc=$?"; tail -n 30 "$R/equal_work.log" | tee -a "$LOG" >/dev/null
+    cat "$R"/sglkit_*.log >> "$LOG" 2>/dev/null
     [ -f "$R/equal_work/equal_work.md" ] && cp "$R/equal_work/equal_work.md" "$OUT/equal_work.md"
   fi
 fi
 
+if [ -n "$KIT_PID" ] && kill -0 "$KIT_PID" 2>/dev/null; then  # the call's end would kill it half-done
+  say "waiting for the SGLang kit install to finish"; wait "$KIT_PID"
+fi
 say "done in $(( $(date +%s) - T0 ))s"
 cp "$LOG" "$OUT/issue12.log"
 # a file comes back only under 16 MiB: keep the last 4 MiB of any log larger than that
