@@ -23,7 +23,7 @@ max(2c, 8) requests, every level warmed once first. Both engines in-process, no 
 Each phase has a time limit inside `--budget-s`; whatever happens, `equal_work.json` and
 `equal_work.md` are written from what exists (a phase that failed leaves its rows out).
 
-Run:  python bench/equal_work.py --out-dir OUT [--layers 8] [--engines omni,sglang] [--budget-s 210]
+Run:  python bench/equal_work.py --out-dir OUT [--layers 8] [--engines omni,sglang] [--budget-s 225]
       python bench/equal_work.py --out-dir OUT --scaled --engines omni      (CPU, test sizes)
 """
 
@@ -91,8 +91,41 @@ class EqualWork:
                "--seed", str(a.seed)]
         return out + (["--requests", str(a.requests)] if a.requests else [])
 
-    def run(self, name: str, cmd: list[str], want: float) -> dict:
-        return run_phase(self.phases, self.out, name, cmd, self.limit(want, self.reserve_after(name)), self.t0)
+    def run(self, name: str, cmd: list[str], want: float, env: dict | None = None) -> dict:
+        return run_phase(self.phases, self.out, name, cmd, self.limit(want, self.reserve_after(name)), self.t0, env)
+
+    def sglang_ready(self) -> bool:
+        """With --sglang-wait FILE (SGLang's packages still installing in the background): wait for it,
+        then for --sglang-ok FILE (the install succeeded); a phase record says why SGLang did not run."""
+        a = self.args
+        if not a.sglang_wait:
+            return True
+        t = time.monotonic()
+        deadline = max(0.0, self.left() - self.reserve_after("sglang") - a.sglang_min_s)
+        while not Path(a.sglang_wait).exists() and time.monotonic() - t < deadline:
+            time.sleep(1.0)
+        waited = round(time.monotonic() - t, 1)
+        if not Path(a.sglang_wait).exists():
+            self.phases.append({"name": "sglang", "seconds": waited,
+                                "status": f"skipped: SGLang's install had not finished after {waited}s"})
+            return False
+        if a.sglang_ok and not Path(a.sglang_ok).exists():
+            self.phases.append({"name": "sglang", "seconds": waited,
+                                "status": "skipped: SGLang's install failed or is incomplete (see the kit logs)"})
+            return False
+        if waited > 1:
+            say(f"waited {waited}s for SGLang's install")
+        return True
+
+    def sglang_env(self) -> dict | None:
+        """SGLang's packages (the GPU kit's /tmp/site and shim) for its phase alone: omni's phases run
+        without them."""
+        import os
+
+        if not self.args.sglang_path:
+            return None
+        rest = [str(ROOT), os.environ.get("PYTHONPATH", "")]
+        return {"PYTHONPATH": os.pathsep.join(p for p in [self.args.sglang_path, *rest] if p)}
 
     def main(self) -> dict:
         a = self.args
@@ -117,12 +150,14 @@ class EqualWork:
                            "--tokens-out", str(self.out / "omni_tokens.json")]
                     self.run("omni", cmd, a.omni_limit_s)
                 else:
+                    if not self.sglang_ready():
+                        continue
                     cmd = [PY, "bench/sglang_engine_load.py", "--model-path", str(self.model_dir), *self.load_args(),
                            "--load-format", "auto", "--out", str(self.out / "sglang.json"),
                            "--tokens-out", str(self.out / "sglang_tokens.json")]
                     if a.sglang_engine_args:
                         cmd += ["--engine-args", a.sglang_engine_args]
-                    self.run("sglang", cmd, a.sglang_limit_s)
+                    self.run("sglang", cmd, a.sglang_limit_s, self.sglang_env())
             tokens = [str(self.out / f"{e}_tokens.json") for e in self.engines if (self.out / f"{e}_tokens.json").exists()]
             if tokens:
                 cmd = [PY, "bench/expert_hits.py", "--model-path", str(self.model_dir), "--tokens", *tokens,
@@ -175,6 +210,7 @@ class EqualWork:
                             "levels": a.concurrency, "requests": a.requests or "max(2c, 8)"},
                "experts_method": (read_json(self.out / "experts.json") or {}).get("method"),
                "engine_start": {"omni_load_s": (results["omni"] or {}).get("load_s"),
+                                "omni_capture_s": (results["omni"] or {}).get("capture_s"),
                                 "omni_warmup_s": (results["omni"] or {}).get("warmup_s"),
                                 "sglang_start_s": (results["sglang"] or {}).get("engine_start_s")},
                "token_agreement": agree, "phases": self.phases, "rows": rows}
@@ -208,6 +244,9 @@ def markdown(rep: dict) -> str:
     agree = rep.get("token_agreement")
     out += ["", f"Engine start: {rep['engine_start']}.",
             f"Token agreement omni vs SGLang (same weights, same prompts, greedy): {agree}." if agree else "",
+            "", "Both engines run in-process: omni's engine stepped in the driver's thread (no IPC), SGLang's offline "
+            "Engine with its scheduler and detokenizer in their own processes, outputs streamed back over ZeroMQ "
+            "(its HTTP server does not import on the GPU image).",
             "", f"Experts hit: {rep.get('experts_method') or 'not measured'}. `uniform_expectation`: what the same batch "
             "sizes would hit with uniformly random routing; `weight_read_floor_ms`: the bf16 weight bytes a step reads at "
             "those hits (attention, routers, hit experts, lm_head) over 4.8 TB/s."]
@@ -230,15 +269,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0, help="of the prompts")
     ap.add_argument("--sglang-engine-args", default=None, help="JSON of extra sglang.Engine arguments")
+    ap.add_argument("--sglang-path", default=None,
+                    help="PYTHONPATH entries put first for the SGLang phase only (e.g. /tmp/site:.sglkit/shim)")
+    ap.add_argument("--sglang-wait", default=None, help="a file whose existence says SGLang's install ended")
+    ap.add_argument("--sglang-ok", default=None, help="a file whose existence says SGLang's install succeeded")
     ap.add_argument("--hbm-tbps", type=float, default=4.8)
-    ap.add_argument("--budget-s", type=float, default=210.0)
+    ap.add_argument("--budget-s", type=float, default=225.0)
     ap.add_argument("--checkpoint-limit-s", type=float, default=90.0)
     ap.add_argument("--omni-limit-s", type=float, default=90.0)
     ap.add_argument("--sglang-limit-s", type=float, default=170.0)
     ap.add_argument("--experts-limit-s", type=float, default=60.0)
     ap.add_argument("--omni-min-s", type=float, default=30.0, help="kept for omni by the phases before it")
     ap.add_argument("--sglang-min-s", type=float, default=90.0, help="kept for SGLang by the phases before it")
-    ap.add_argument("--experts-min-s", type=float, default=20.0, help="kept for the replay by the phases before it")
+    ap.add_argument("--experts-min-s", type=float, default=35.0, help="kept for the replay by the phases before it")
     return ap
 
 

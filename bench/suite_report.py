@@ -96,7 +96,8 @@ def _fmt(v: Any) -> str:
 def markdown(report: dict[str, Any]) -> str:
     wl = report["workload"]
     extra = report.get("omnid_args") or []
-    out = [f"## {report.get('label', 'omni')} vs transformers, Qwen3-Omni ({report['model']}), {report['date']}", "",
+    versus = " vs transformers" if report.get("hf") else " serving"
+    out = [f"## {report.get('label', 'omni')}{versus}, Qwen3-Omni ({report['model']}), {report['date']}", "",
            f"Machine: {report.get('gpu') or report['machine'].get('cpu_model', '?')}; suite {report['seconds']} s; "
            f"workload: prompt set `{wl['prompt_set']}`, {wl['max_tokens']} thinker tokens, {wl['audio_tokens']} talker "
            f"frames, speech out, ignore_eos; sampling: {wl.get('sampling', '?')}. Cold levels {wl.get('cold')} "

@@ -207,16 +207,140 @@ def test_sglang_driver_distinct_prompts_and_records(ckpt, tmp_path):
     assert agree["requests"] == 5 and agree["identical"] == 4 and agree["prefix_share_mean"] < 1.0
 
 
+STAND_IN_SGLANG = """
+import asyncio
+
+
+class Engine:  # streams like sglang.Engine (cumulative output_ids); tokens from the prompt's sum
+    def __init__(self, **kwargs):
+        assert kwargs["load_format"] == "auto"
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+
+    async def async_generate(self, input_ids, sampling_params, stream):
+        return self._gen(list(input_ids), sampling_params["max_new_tokens"])
+
+    async def _gen(self, prompt, n):
+        outs = []
+        for k in range(n):
+            outs.append((sum(prompt) * 31 + 17 * k) % 4000)
+            await asyncio.sleep(0.002)
+            yield {"output_ids": list(outs), "meta_info": {}}
+
+    def shutdown(self):
+        pass
+"""
+
+
 @pytest.mark.slow
 def test_equal_work_dry_run_on_cpu(tmp_path):
-    """The orchestration at test sizes, omni only: checkpoint -> omni's load -> replay -> report."""
+    """The orchestration at test sizes: checkpoint -> omni's load -> SGLang's load (a stand-in
+    `sglang` package put on the path for that phase alone, as the GPU kit is) -> replay -> report."""
     import equal_work
 
-    rep = equal_work.main(["--out-dir", str(tmp_path), "--scaled", "--engines", "omni", "--layers", "2",
-                           "--requests", "4", "--max-tokens", "5", "--prompt-len", "8", "--budget-s", "200"])
-    assert [(p["name"], p["status"]) for p in rep["phases"]] == [("checkpoint", "ok"), ("omni", "ok"), ("experts", "ok")]
-    assert [(r["engine"], r["concurrency"]) for r in rep["rows"]] == [("omni", 1), ("omni", 4)]
+    fake = tmp_path / "fake"
+    (fake / "sglang").mkdir(parents=True)
+    (fake / "sglang" / "__init__.py").write_text(STAND_IN_SGLANG)
+    rep = equal_work.main(["--out-dir", str(tmp_path / "out"), "--scaled", "--layers", "2", "--requests", "4",
+                           "--max-tokens", "5", "--prompt-len", "8", "--budget-s", "240", "--sglang-path", str(fake)])
+    assert [(p["name"], p["status"]) for p in rep["phases"]] == [
+        ("checkpoint", "ok"), ("omni", "ok"), ("sglang", "ok"), ("experts", "ok")]
+    assert [(r["engine"], r["concurrency"]) for r in rep["rows"]] == [
+        ("omni", 1), ("sglang", 1), ("omni", 4), ("sglang", 4)]
     for r in rep["rows"]:
         assert r["ok"] == "4/4" and r["tpot_p50_ms"] > 0 and r["experts_hit_per_layer"] >= 2
         assert r["weight_read_floor_ms"] > 0 and r["distinct_streams"] == 4
-    assert "| omni | 4 |" in (tmp_path / "equal_work.md").read_text()
+    assert all(r["tpot_vs_sglang"] for r in rep["rows"] if r["engine"] == "omni")
+    assert rep["token_agreement"]["requests"] == 8 and rep["engine_start"]["sglang_start_s"] is not None
+    md = (tmp_path / "out" / "equal_work.md").read_text()
+    assert "| omni | 4 |" in md and "| sglang | 4 |" in md
+
+
+def test_issue12_script_builds_valid_commands(tmp_path):
+    """bench/h200/issue12.sh (the lead's one device call) with DRY_RUN=1: every command it would run
+    parses with its tool's own parser and carries the variant's omnid arguments and overrides."""
+    import os
+    import shlex
+    import subprocess
+
+    import equal_work
+    import gpu_suite
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "DRY_RUN": "1", "R": str(tmp_path / "r"), "OUT": str(tmp_path / "out"),
+           "SERVE_VARIANTS": "omni:;omni-mps:--mps --foo=1", "OMNID_SET": "talker.args.a=1 thinker.args.b=2",
+           "SUITE_ARGS": "--concurrency 1,16 --greedy-levels=", "EQUAL_ARGS": "--layers 12", "SERVE_BUDGET": "400"}
+    proc = subprocess.run(["bash", "bench/h200/issue12.sh"], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    log = (tmp_path / "out" / "issue12.log").read_text()
+    serve = [line.split("): ", 1)[1] for line in log.splitlines() if "] serve " in line and "): " in line]
+    assert len(serve) == 2
+    for line, label, extra in zip(serve, ["omni", "omni-mps"], [[], ["--mps", "--foo=1"]]):
+        argv = shlex.split(line)
+        assert argv[:2] == ["python3", "bench/gpu_suite.py"]
+        args = gpu_suite.build_parser().parse_args(argv[2:])
+        assert args.label == label and args.omnid_arg == extra and args.no_hf and args.budget_s == 200
+        assert args.extra_set == ["talker.args.a=1", "thinker.args.b=2"]
+        assert args.concurrency == "1,16" and args.greedy_levels == "" and args.cold is None  # suite default 1,16
+    (eq,) = [line.split("): ", 1)[1] for line in log.splitlines() if "] equal work (" in line]
+    argv = shlex.split(eq)
+    args = equal_work.build_parser().parse_args(argv[2:])
+    assert args.engines in ("omni", "omni,sglang") and args.layers == 12 and args.budget_s <= 225  # no SGLang kit here
+    assert (tmp_path / "out" / "issue12.tgz").exists()
+
+
+FAKE_INSTALL = """#!/usr/bin/env bash
+# stand-in for the SGLang kit's install.sh: "installs" the part's packages into SGLKIT_TARGET
+set -e
+part=$(basename "${1%/}")
+mkdir -p "$SGLKIT_TARGET"
+sleep 2
+cp -r "$1"/. "$SGLKIT_TARGET"/
+touch "$SGLKIT_TARGET/.sglkit-part-$part"
+for p in ${SGLKIT_REQUIRE:-}; do [ -f "$SGLKIT_TARGET/.sglkit-part-$p" ] || exit 3; done
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part_a", [True, False], ids=["after-call-1", "machine-recycled"])
+def test_issue12_second_call_installs_kit_b_and_runs_both_engines(tmp_path, part_a):
+    """The lead's second device call on CPU: kit part a installed by the first call, part b carried now;
+    b installs in the background while omni's phases run, SGLang's phase waits for it and then runs
+    (a stand-in sglang package stands for the kit's). On a recycled machine (no part a) SGLang's phase
+    is skipped and says why; omni's rows stand."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    work = tmp_path / "repo"
+    work.mkdir()
+    for name in ("bench", "omni"):
+        (work / name).symlink_to(root / name)
+    kit = work / ".sglkit"
+    (kit / "b" / "sglang").mkdir(parents=True)
+    (kit / "b" / "sglang" / "__init__.py").write_text(STAND_IN_SGLANG)
+    (kit / "shim").mkdir()
+    (kit / "install.sh").write_text(FAKE_INSTALL)
+    site = tmp_path / "site"
+    site.mkdir()
+    if part_a:
+        (site / ".sglkit-part-a").touch()  # the first call installed part a
+    env = {**os.environ, "SCALED": "1", "PARTS": "sglang", "SGLKIT_TARGET": str(site), "R": str(tmp_path / "r"),
+           "OUT": str(tmp_path / "out"), "EQUAL_ARGS": "--layers 2 --requests 4 --max-tokens 5 --prompt-len 8",
+           "PYTHONPATH": str(root)}
+    proc = subprocess.run(["bash", str(root / "bench/h200/issue12.sh")], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rep = json.loads((tmp_path / "r" / "equal_work" / "equal_work.json").read_text())
+    phases = [(p["name"], p["status"]) for p in rep["phases"]]
+    out = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert out == ["equal_work.md", "issue12.log", "issue12.tgz"]
+    assert (tmp_path / "r" / "sglkit.ok").exists() == part_a
+    if part_a:
+        assert phases == [("checkpoint", "ok"), ("omni", "ok"), ("sglang", "ok"), ("experts", "ok")], phases
+        assert {r["engine"] for r in rep["rows"]} == {"omni", "sglang"}
+    else:
+        assert phases[:2] == [("checkpoint", "ok"), ("omni", "ok")] and phases[-1] == ("experts", "ok")
+        assert phases[2][0] == "sglang" and phases[2][1].startswith("skipped: SGLang's install failed")
+        assert {r["engine"] for r in rep["rows"]} == {"omni"}
