@@ -131,11 +131,13 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
             "sampling": stage_sampling(state, base, req.stage_sampling)}
 
 
-async def _content(state: ServerState, content, param: str) -> list[dict]:
+async def _content(state: ServerState, content, param: str) -> str | list[dict]:
+    """A string stays a string (the model renders it in its template's content format); parts are
+    checked and their media decoded."""
     if content is None:
-        return []
+        return ""
     if isinstance(content, str):
-        return [{"type": "text", "text": content}]
+        return content
     parts: list[dict] = []
     for j, part in enumerate(content):
         where = f"{param}[{j}]"

@@ -1,6 +1,7 @@
 """A chat request -> the thinker's inputs, as transformers' Qwen3-Omni processor makes them.
 
-The chat template puts one `<|audio_pad|>` / `<|image_pad|>` per audio / image; each is
+The chat template puts one `<|audio_pad|>` / `<|image_pad|>` per audio / image (a template that
+prints content as one string gets them written in by `chat_template`); each is
 expanded to as many tokens as the encoders will output (audio: the conv stack's length per
 100-frame chunk; image: grid cells / merge^2). Audio features are Whisper log-mels (128 bins,
 16 kHz, all audios of a request padded to the longest, as the processor does); images are
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from omni.kernel.errors import InvalidRequest
+from omni.models.chat_template import content_format, render_messages
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.image_patches import ImagePatchConfig, ImagePatches, image_to_patches
 
@@ -67,6 +69,8 @@ class Preprocessor:
 
         cfg = load_config(ckpt_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(ckpt_dir))
+        self.content_format = content_format(self.tokenizer.chat_template or "")
+        self.placeholders = _placeholders(self.tokenizer)
         extra = _read_preprocessor_config(ckpt_dir)
         self.n_window = cfg.thinker.audio.n_window
         self.audio_token_id = cfg.thinker.audio_token_id
@@ -89,6 +93,7 @@ class Preprocessor:
 
     def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> ThinkerInputs:
         template_messages, audios, images = self._split_media(messages)
+        template_messages = render_messages(template_messages, self.content_format, self.placeholders)
         text = self.tokenizer.apply_chat_template(
             template_messages, tokenize=False, add_generation_prompt=add_generation_prompt)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -161,6 +166,17 @@ class Preprocessor:
                     raise InvalidRequest(f"unsupported content type {kind!r}")
             stripped.append({"role": message["role"], "content": items})
         return stripped, audios, images
+
+
+def _placeholders(tokenizer) -> dict[str, str]:
+    """What the checkpoint's own template writes for one audio / image, for templates that cannot."""
+    def token(attr: str, default: str) -> str:
+        return str(getattr(tokenizer, attr, None) or default)
+
+    return {"audio": token("audio_bos_token", "<|audio_start|>") + token("audio_token", "<|audio_pad|>")
+            + token("audio_eos_token", "<|audio_end|>"),
+            "image": token("vision_bos_token", "<|vision_start|>") + token("image_token", "<|image_pad|>")
+            + token("vision_eos_token", "<|vision_end|>")}
 
 
 def _audio_pcm(audio) -> np.ndarray:
