@@ -51,7 +51,7 @@ class SlotAllocator:
             raise ValueError(f"negative size {nbytes}")
         size = self.round_up(nbytes)
         if size > self.capacity:
-            raise PayloadTooLarge(f"a payload of {nbytes} bytes is larger than the whole arena ({self.capacity} "
+            raise PayloadTooLarge(f"a payload of {nbytes} bytes exceeds the whole arena ({self.capacity} "
                                   "bytes; raise the stage's arena_bytes to send it)")
         with self._lock:
             for i, free_size in enumerate(self._free_sizes):
