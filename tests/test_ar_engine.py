@@ -400,3 +400,15 @@ def test_no_work_while_parked_sequences_hold_the_blocks(models, prompts, referen
         for o in eng.step():
             tokens[o.rid] += o.new_token_ids
     assert tokens["a"] == reference[3][1:] and tokens["b"] == reference[6][1:] and len(tokens["c"]) == GREEDY.max_tokens
+
+
+# ---- isolation --------------------------------------------------------------------------
+def test_blocks_left_poisoned_never_reach_another_request(models, prompts, reference):
+    """Every KV slot holds NaN/inf, as a poisoned request leaves its freed blocks: a slot is only
+    read once written by its owner, so outputs match transformers (0 * NaN would spread NaN)."""
+    eng = make_engine(models)
+    eng.kv_cache[..., 0::2].fill_(float("nan"))
+    eng.kv_cache[..., 1::2].fill_(float("inf"))
+    assert eng.generate(prompts, GREEDY) == reference  # batched: ragged lengths, padded tables
+    for p, ref in zip(prompts[:3], reference):
+        assert eng.generate([p], GREEDY) == [ref]

@@ -17,6 +17,7 @@ from omni.kernel.errors import (
     KernelClosed,
     OmniError,
     Overloaded,
+    PayloadTooLarge,
     RequestCancelled,
     StageDown,
     StageFailed,
@@ -68,6 +69,8 @@ def from_kernel_error(exc: OmniError) -> ApiError:
     """The one mapping of kernel errors to HTTP statuses."""
     if isinstance(exc, Overloaded):
         return ApiError(429, f"server is at capacity, retry later ({exc})", code="overloaded")
+    if isinstance(exc, PayloadTooLarge):
+        return too_large(str(exc))
     if isinstance(exc, InvalidRequest):
         return ApiError(400, str(exc), code="invalid_request")
     if isinstance(exc, StageDown):

@@ -23,6 +23,7 @@ from omni.kernel import messages as m
 from omni.kernel.bus import Mailbox, Outbox
 from omni.kernel.channels import ChannelFull, is_array, load_channel
 from omni.kernel.driver import StageDriver
+from omni.kernel.errors import PayloadTooLarge
 from omni.kernel.graph import OUT, EdgeSpec, Graph
 from omni.kernel.rundir import actor_name, endpoint, shm_owner
 from omni.kernel.stage import Emit
@@ -265,25 +266,32 @@ class Actor:
         payloads: list[m.PayloadDesc] = []
         frames: list[Any] = []
         tokens: list[int] = []
-        for key, value in data.items():
-            if not is_array(value):
-                meta[key] = value
-                continue
-            desc, extra = await self._write_array(edge, key, value, link)
-            if desc.channel == "inline":
-                desc.frame = len(frames)
-                frames.extend(extra)
-            else:
-                tokens.append(self._reader_token(desc))
-            payloads.append(desc)
+        try:
+            for key, value in data.items():
+                if not is_array(value):
+                    meta[key] = value
+                    continue
+                desc, extra = await self._write_array(edge, key, value, link)
+                if desc.channel == "inline":
+                    desc.frame = len(frames)
+                    frames.extend(extra)
+                else:
+                    tokens.append(self._reader_token(desc))
+                payloads.append(desc)
+        except BaseException:  # e.g. one array too large for the arena: the chunk's other slots come back
+            self._free_slots(payloads)
+            raise
         if self._send(peer, m.RequestChunk(rid, edge.id, meta, payloads, seq), frames):
             link.credits -= 1
             link.outstanding.extend(tokens)
         else:  # the consumer is gone: its slots come back now, the supervisor fails the request
-            for desc in payloads:
-                token = self._reader_token(desc)
-                if token >= 0:
-                    self._writer(desc.channel).free(token)
+            self._free_slots(payloads)
+
+    def _free_slots(self, payloads: list[m.PayloadDesc]) -> None:
+        for desc in payloads:
+            token = self._reader_token(desc)
+            if token >= 0:
+                self._writer(desc.channel).free(token)
 
     async def _write_array(self, edge: EdgeSpec, key: str, value: Any, link: _PeerLink) -> tuple[m.PayloadDesc, list[Any]]:
         channel = edge_channel(self.graph, edge)
@@ -296,6 +304,9 @@ class Actor:
         while True:
             try:
                 return writer.write(key, value)
+            except PayloadTooLarge as exc:
+                raise PayloadTooLarge(f"stage {self.spec.name} cannot send {key!r} ({nbytes} bytes) on {edge.id}: "
+                                      f"{exc}") from None
             except ChannelFull:
                 if not any(lk.outstanding for lk in self._links.values()):
                     raise
@@ -303,13 +314,26 @@ class Actor:
                 await self._credit_event.wait()
 
     async def _emit(self, emit: Emit) -> None:
+        """Send one output; whatever goes wrong while sending it fails that request, never the actor."""
+        try:
+            await self._send_emit(emit)
+        except Exception as exc:
+            if emit.rid not in self._opened:
+                return
+            log.warning("%s could not send the output of %s: %s: %s", self.name, emit.rid, type(exc).__name__, exc)
+            self._fail(emit.rid, getattr(exc, "kind", "stage_failed"), f"{type(exc).__name__}: {exc}")
+
+    def _fail(self, rid: str, kind: str, message: str) -> None:
+        self._send(KERNEL, m.RequestError(rid, self.spec.name, kind, message))
+        self.driver.post_cancel(rid)
+        self._forget(rid)
+
+    async def _send_emit(self, emit: Emit) -> None:
         rid = emit.rid
         if rid not in self._opened:  # cancelled or already finished here
             return
         if emit.error is not None:
-            self._send(KERNEL, m.RequestError(rid, self.spec.name, emit.error_kind, emit.error))
-            self.driver.post_cancel(rid)
-            self._forget(rid)
+            self._fail(rid, emit.error_kind, emit.error)
             return
         if emit.data is not None:
             seq = self.driver.next_seq(rid)

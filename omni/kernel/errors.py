@@ -33,6 +33,13 @@ class InvalidRequest(OmniError, ValueError):
     kind = "invalid_request"
 
 
+class PayloadTooLarge(InvalidRequest):
+    """One of the request's payloads can never fit where it must go (an edge's arena): HTTP 413.
+    Only that request fails; the stage that refused it goes on."""
+
+    kind = "too_large"
+
+
 class RequestCancelled(OmniError):
     kind = "cancelled"
 
@@ -71,6 +78,7 @@ _BY_KIND = {
         GraphError,
         Overloaded,
         InvalidRequest,
+        PayloadTooLarge,
         RequestCancelled,
         DeadlineExceeded,
         StageFailed,

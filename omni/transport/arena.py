@@ -11,6 +11,8 @@ from __future__ import annotations
 import bisect
 import threading
 
+from omni.kernel.errors import PayloadTooLarge
+
 ALIGN = 64
 
 
@@ -42,13 +44,15 @@ class SlotAllocator:
     def alloc(self, nbytes: int) -> tuple[int, int] | None:
         """(token, offset) of a free slot of at least `nbytes`, or None if none is free now.
 
-        Raises ValueError when `nbytes` could never fit, so callers never wait for room forever.
+        Raises PayloadTooLarge (a ValueError) when `nbytes` could never fit, so callers never wait
+        for room forever and only the request that sent it fails.
         """
         if nbytes < 0:
             raise ValueError(f"negative size {nbytes}")
         size = self.round_up(nbytes)
         if size > self.capacity:
-            raise ValueError(f"payload of {nbytes} bytes exceeds the whole arena ({self.capacity} bytes)")
+            raise PayloadTooLarge(f"a payload of {nbytes} bytes exceeds the whole arena ({self.capacity} "
+                                  "bytes; raise the stage's arena_bytes to send it)")
         with self._lock:
             for i, free_size in enumerate(self._free_sizes):
                 if free_size >= size:

@@ -105,6 +105,12 @@ def paged_attention(
         return meta.decode_kernel(kv_cache, layer, q, meta.block_tables, meta.seq_lens, scale or dim**-0.5)
     keys = kv_cache[layer, 0][meta.block_tables].reshape(batch, -1, hkv, dim)[:, :max_seq]
     values = kv_cache[layer, 1][meta.block_tables].reshape(batch, -1, hkv, dim)[:, :max_seq]
+    # Slots past a sequence's length (its last block's tail, the padding block 0) hold whatever an
+    # earlier owner left, NaN or inf included; a masked score has weight 0 but 0 * NaN is NaN, so
+    # they are zeroed here (the gather made a copy) and can never reach another request's result.
+    stale = torch.arange(max_seq, device=keys.device)[None, :] >= meta.seq_lens[:, None]
+    keys.masked_fill_(stale[:, :, None, None], 0)
+    values.masked_fill_(stale[:, :, None, None], 0)
     hq = q.shape[1]
     if max_q == 1 and q.shape[0] == batch:
         q_pad = q.view(batch, 1, hq, dim)

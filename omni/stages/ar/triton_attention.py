@@ -55,8 +55,11 @@ if triton is not None:
             if j * BLOCK_SIZE < seq_len:
                 block = tl.load(tables_ptr + b * stride_tb + j)
                 offs = block * stride_blk + s[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
-                k = tl.load(k_ptr + offs, mask=d_ok[None, :], other=0.0)
-                v = tl.load(v_ptr + offs, mask=d_ok[None, :], other=0.0)
+                # slots past seq_len hold an earlier owner's values (NaN or inf too): never load
+                # them, since p = 0 there and 0 * NaN would still be NaN
+                live = ((j * BLOCK_SIZE + s) < seq_len)[:, None] & d_ok[None, :]
+                k = tl.load(k_ptr + offs, mask=live, other=0.0)
+                v = tl.load(v_ptr + offs, mask=live, other=0.0)
                 if IEEE:
                     scores = tl.dot(q, tl.trans(k), input_precision="ieee")
                 else:
