@@ -2,10 +2,10 @@
 
 Random bf16 weights at the published sizes (`presets_full`; code predictor 5 layers, hidden
 1024, 16 heads / 8 KV, 16 code groups; code2wav 216M params), drawn on the device. Measured:
-  - code predictor, one talker frame for a batch of B rows (G-1 = 15 sequential steps):
-    eager `predict` (as the talker calls it: greedy rows through `sample_codes`) vs the
-    CUDA-graph path (`CodePredictorGraphs`: one replay per frame); codes copied to the host
-    each frame, as the talker does. Also: graph capture time, and whether both give the same
+  - code predictor, one talker frame for a batch of B rows (G-1 = 15 sequential steps) at the
+    server's default sampling (every row samples: top-k 50, top-p 0.8, seeded hashed noise):
+    eager `predict` with `sampled_codes` vs the CUDA-graph path (`CodePredictorGraphs`: one
+    replay per frame, sampling inside); codes copied to the host each frame, as the talker does. Also: graph capture time, and whether both give the same
     codes (bf16: kernels may differ, so this is informative only);
   - code2wav, one 12-frame chunk for B streams past their first chunk (`decode_frames` + the
     PCM copy to the host, as the vocoder stage does), and one 4-frame first chunk; RTF = chunk
@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import torch  # noqa: E402
 
-from omni.models.qwen3_omni.code_predictor import CodePredictor, sample_codes  # noqa: E402
+from omni.models.qwen3_omni.code_predictor import CodePredictor, sampled_codes  # noqa: E402
 from omni.models.qwen3_omni.code_predictor_graphs import CodePredictorGraphs  # noqa: E402
 from omni.models.qwen3_omni.config import load_config  # noqa: E402
 from omni.models.qwen3_omni.presets_full import full_config, scaled_config  # noqa: E402
@@ -79,13 +79,16 @@ def predictor_rows(model: CodePredictor, batches: list[int], frames: int, warmup
         hidden = torch.randn(b, hidden_size, generator=gen, device=device).to(dtype)
         code0 = torch.randint(0, vocab, (b,), generator=gen, device=device)
         embed = model.model.codec_embedding[0](code0)
-        greedy, gens = [True] * b, [None] * b
+        temperature = torch.ones(b, device=device)  # sampling rows, as the talker's default
+        seed = torch.arange(b, device=device) + 7
+        frame = torch.zeros(b, dtype=torch.long, device=device)
+        sample = sampled_codes(temperature, seed, frame, model.num_code_groups)
 
         def eager():
-            return model.predict(hidden, embed, lambda logits, g: sample_codes(logits, gens, greedy))[0].cpu()
+            return model.predict(hidden, embed, sample)[0].cpu()
 
         def graph():
-            return graphs.run(hidden, embed)[0].cpu()
+            return graphs.run(hidden, embed, temperature, seed, frame)[0].cpu()
 
         sync(device)
         t0 = time.perf_counter()
