@@ -32,3 +32,13 @@ def test_warm_requests_run_to_the_end_and_leave_nothing(ckpt, kind):
     assert stage.engine.num_steps >= len(lengths) and not stage.engine.seqs and not stage.engine.has_unfinished()
     blocks = stage.engine.scheduler.blocks
     assert blocks.num_free_blocks == blocks.num_blocks  # every warm-up block returned
+
+
+def test_code2wav_warm_up_decodes_first_and_steady_chunks(ckpt):
+    from omni.models.qwen3_omni.code2wav import Code2WavStage
+
+    stage = Code2WavStage(StageContext("code2wav", args={"model": ckpt}))
+    stage.setup()  # on CPU: no warm-up here
+    assert stage.codec is not None
+    stage.warm_up((1, 2))  # what a GPU stage runs before it is ready
+    assert not stage.requests and not stage.has_work()

@@ -9,6 +9,8 @@ transposed convolutions hold back their last samples until the next frame arrive
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +33,8 @@ from omni.models.qwen3_omni.weights import CheckpointError, load_into
 from omni.stages.vocoder import VocoderStage
 
 PREFIX = "code2wav"
+
+log = logging.getLogger("omni.qwen3.code2wav")
 
 
 def samples_for(cfg: Code2WavConfig, frames: int) -> int:
@@ -203,6 +207,20 @@ class Code2Wav(nn.Module):
 class Code2WavStage(VocoderStage):
     """The vocoder stage of a Qwen3-Omni graph. args: model (checkpoint dir), dtype (optional,
     e.g. "bfloat16"), plus VocoderStage's chunking args."""
+
+    def setup(self) -> None:
+        super().setup()
+        if self.on_gpu:  # first chunks and steady chunks at a few batch sizes: no request pays the kernels' first use
+            self.warm_up()
+
+    def warm_up(self, batches: tuple[int, ...] = (1, 4, 16)) -> None:
+        codec, t0 = self.codec, time.monotonic()
+        for b in batches:
+            streams = [codec.new_stream() for _ in range(b)]
+            for frames in (self.first_chunk, self.chunk, self.chunk):
+                codes = torch.zeros(b, frames, codec.num_groups, dtype=torch.long, device=codec.device)
+                codec.decode_frames(codes, streams).cpu()
+        log.info("code2wav: warm-up chunks at batch %s in %.1f s", list(batches), time.monotonic() - t0)
 
     def build_codec(self) -> Code2Wav:
         dtype = self.ctx.args.get("dtype")
