@@ -115,7 +115,9 @@ class ARStage(Stage):
         """The engine exists: a subclass finishes its own set-up here (before the warm-up runs)."""
 
     # ---- start-up warm-up -------------------------------------------------------------
-    WARM_PROMPT_LENGTHS = (3, 100, 700, 1500)  # one prefill per fused-MoE tile bucket (moe_triton.CONFIGS)
+    # prefill lengths whose token-expert pair counts fall in every power-of-two class of the MoE
+    # layout kernel and every tile bucket of the fused MoE (moe_triton), for top-k from 4 to 8
+    WARM_PROMPT_LENGTHS = (2, 5, 9, 17, 33, 65, 129, 257, 700, 1500)
 
     def warm_requests(self) -> list[tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]]:
         """Requests (params, chunks fed before `close_input`) run once at start-up on a GPU, so
