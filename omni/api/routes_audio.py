@@ -14,6 +14,7 @@ import numpy as np
 from aiohttp import web
 
 from omni.api.audio_codec import CONTENT_TYPES, StreamEncoder
+from omni.api.connections import read_body
 from omni.api.errors import ApiError, as_api_error, bad_request, too_large
 from omni.api.generation import AudioPiece, Finish, KernelRequest
 from omni.api.metrics import RequestTimer
@@ -42,7 +43,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     from omni.api.app import STATE
 
     state = request.app[STATE]
-    req = decode_body(await request.read(), SpeechRequest)
+    req = decode_body(await read_body(request), SpeechRequest)
     params = speech_params(state, req)
     timer = RequestTimer(state.metrics, SPEECH_ROUTE)
     changer_needed = req.speed != 1.0 and not model_applies_speed(state)

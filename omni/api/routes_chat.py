@@ -9,6 +9,7 @@ import uuid
 from aiohttp import web
 
 from omni.api.audio_codec import StreamEncoder, encode_audio
+from omni.api.connections import read_body
 from omni.api.errors import as_api_error
 from omni.api.generation import AudioPiece, Finish, KernelRequest, TextPiece
 from omni.api.metrics import RequestTimer
@@ -30,7 +31,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     from omni.api.app import STATE
 
     state = request.app[STATE]
-    req = decode_body(await request.read(), ChatCompletionRequest)
+    req = decode_body(await read_body(request), ChatCompletionRequest)
     params = await chat_params(state, req)
     timer = RequestTimer(state.metrics, ROUTE)
     wants_audio = "audio" in params["modalities"]
