@@ -90,8 +90,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
 
     stages = [
         stage("preprocess", {"model_dir": model_dir, "voices": voices}),
-        stage("audio_encoder", {"model": model_dir, "out_port": "embeds"}),
-        stage("vision_encoder", {"model": model_dir, "out_port": "embeds"}),
+        stage("audio_encoder", {"model": model_dir, "out_port": "embeds"}, capability="audio_input"),
+        stage("vision_encoder", {"model": model_dir, "out_port": "embeds"}, capability="image_input"),
         stage("thinker", {"model_dir": model_dir, "default_sampling": {"max_tokens": lengths["thinker"]}}),
     ]
     edges = [
@@ -105,9 +105,9 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     if speaks:
         stages += [
             stage("talker", {"model_dir": model_dir, "speaker": voices[0] if voices else DEFAULT_VOICE,
-                             "default_sampling": {"max_tokens": lengths["talker"]}}),
+                             "default_sampling": {"max_tokens": lengths["talker"]}}, capability="audio_output"),
             stage("code2wav", {"model": model_dir, "first_chunk_frames": options.get("first_chunk_frames", 4),
-                               "chunk_frames": options.get("chunk_frames", 12)}),
+                               "chunk_frames": options.get("chunk_frames", 12)}, capability="audio_output"),
         ]
         edges += [
             EdgeSpec("thinker", "hidden", "talker"),
@@ -115,7 +115,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
             EdgeSpec("talker", "codes", "code2wav"),
             EdgeSpec("code2wav", "audio", OUT),
         ]
-    graph = Graph(name=f"{FAMILY}-{variant}", stages=stages, edges=edges, entry="preprocess")
+    graph = Graph(name=f"{FAMILY}-{variant}", stages=stages, edges=edges, entry="preprocess",
+                  needs="omni.models.qwen3_omni.request:needs")
     graph.validate()
     info = ModelInfo(
         id=options.get("model_id") or Path(model_dir).name,

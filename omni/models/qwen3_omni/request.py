@@ -34,6 +34,25 @@ def wants_audio(params: dict[str, Any]) -> bool:
     return modalities is None or "audio" in modalities
 
 
+def needs(params: dict[str, Any]) -> set[str]:
+    """The capabilities (graph.py's stage capabilities) a request needs, so it skips the stages of
+    the others: a text chat never touches the encoders or the talker. Anything not understood here
+    counts as needing everything."""
+    caps = {"audio_output"} if wants_audio(params) else set()
+    if params.get("task") == "transcribe":
+        caps.add("audio_input")
+    for message in params.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str) or content is None:
+            continue
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                continue
+            caps |= {"audio": {"audio_input"}, "image": {"image_input"}}.get(kind, {"audio_input", "image_input"})
+    return caps
+
+
 def voice_of(params: dict[str, Any]) -> str | None:
     """The requested speaker (`voice`, or the lower-level `speaker`), lower-cased as the checkpoint keys are."""
     voice = params.get("voice") or params.get("speaker")
