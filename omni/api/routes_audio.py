@@ -19,6 +19,7 @@ from omni.api.errors import ApiError, as_api_error, bad_request, too_large
 from omni.api.generation import AudioPiece, Finish, KernelRequest
 from omni.api.metrics import RequestTimer
 from omni.api.params import model_applies_speed, speech_params
+from omni.api.prompt_bounds import check_prompt_chars
 from omni.api.schemas import SpeechRequest, decode_body
 from omni.api.sse import SseStream
 
@@ -44,6 +45,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
 
     state = request.app[STATE]
     req = decode_body(await read_body(request), SpeechRequest)
+    check_prompt_chars(state.info, len(req.input), "input")
     params = speech_params(state, req)
     timer = RequestTimer(state.metrics, SPEECH_ROUTE)
     changer_needed = req.speed != 1.0 and not model_applies_speed(state)

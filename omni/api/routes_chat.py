@@ -14,6 +14,7 @@ from omni.api.errors import as_api_error
 from omni.api.generation import AudioPiece, Finish, KernelRequest, TextPiece
 from omni.api.metrics import RequestTimer
 from omni.api.params import chat_params, stop_strings
+from omni.api.prompt_bounds import chat_chars, check_prompt_chars
 from omni.api.schemas import ChatCompletionRequest, decode_body
 from omni.api.sse import SseStream
 
@@ -32,6 +33,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
     state = request.app[STATE]
     req = decode_body(await read_body(request), ChatCompletionRequest)
+    check_prompt_chars(state.info, chat_chars(req))
     params = await chat_params(state, req)
     timer = RequestTimer(state.metrics, ROUTE)
     wants_audio = "audio" in params["modalities"]

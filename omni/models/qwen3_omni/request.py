@@ -53,6 +53,18 @@ def needs(params: dict[str, Any]) -> set[str]:
     return caps
 
 
+def prompt_chars(messages: list[dict[str, Any]]) -> int:
+    """Characters of text in chat messages (what a prompt's length bound counts first)."""
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(p.get("text") or "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return total
+
+
 def voice_of(params: dict[str, Any]) -> str | None:
     """The requested speaker (`voice`, or the lower-level `speaker`), lower-cased as the checkpoint keys are."""
     voice = params.get("voice") or params.get("speaker")
