@@ -139,3 +139,27 @@ def test_stage_killed_mid_stream_gives_error_event_then_recovers():
         assert len(again.choices[0].message.content) == 3
         metrics = requests.get(srv.url + "/metrics", timeout=10).text
         assert 'omni_stage_restarts_total{stage="generator.0"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("mode", ["inline", "process"])
+def test_a_stage_past_its_budget_degrades_health_serves_text_then_comes_back(mode):
+    """The vocoder crashes past its budget: text chat is still served, speech is a 503 naming it,
+    /health is 200 and says audio output is degraded; after the cool-down speech works again."""
+    changes = {"vocoder": {"max_restarts": 1, "restart_cooldown_s": 2.0}}
+    with LiveServer(mode=mode, spec_changes=changes) as srv:
+        speech = {"model": MODEL, "voice": "tone", "input": "hello", "response_format": "pcm",
+                  "stage_sampling": {"generator": {"max_tokens": 3}}}
+        for _ in range(2):
+            wait_for(lambda: srv.kernel.health()["vocoder"] == "up", timeout=20)
+            srv.loop.call_soon_threadsafe(srv.kernel.kill, "vocoder")
+            wait_for(lambda: srv.kernel.health()["vocoder"] != "up", timeout=5, every=0.01)
+        wait_for(lambda: srv.kernel.health()["vocoder"] == "down", timeout=5)
+        health = requests.get(srv.url + "/health", timeout=10)
+        assert health.status_code == 200 and health.json()["degraded"] == ["audio_output"], health.text
+        text = requests.post(srv.url + "/v1/chat/completions", json=long_chat(stream=False, tokens=3), timeout=10)
+        assert text.status_code == 200 and len(text.json()["choices"][0]["message"]["content"]) == 3
+        down = requests.post(srv.url + "/v1/audio/speech", json=speech, timeout=10)
+        assert down.status_code == 503 and "vocoder" in down.json()["error"]["message"]
+        wait_for(lambda: requests.get(srv.url + "/health", timeout=10).json().get("status") == "ok", timeout=20)
+        again = requests.post(srv.url + "/v1/audio/speech", json=speech, timeout=10)
+        assert again.status_code == 200 and len(again.content) == 3 * 480 * 2

@@ -22,12 +22,13 @@ class LiveServer(BackgroundLoop):
 
     def __init__(self, mode: str = "inline", max_inflight: int = 64, config: ServerConfig | None = None,
                  stage_args: dict[str, dict[str, Any]] | None = None, info_changes: dict | None = None,
-                 extra_configs: list[ServerConfig] = ()) -> None:
+                 extra_configs: list[ServerConfig] = (), spec_changes: dict[str, dict[str, Any]] | None = None) -> None:
         self.mode, self.max_inflight = mode, max_inflight
         self.config = config or ServerConfig(port=0)
         self.stage_args = stage_args or {}
         self.info_changes = info_changes or {}
         self.extra_configs = list(extra_configs)
+        self.spec_changes = spec_changes or {}  # {stage: {StageSpec field: value}}
         self.servers: list[HttpServer] = []
         super().__init__()
 
@@ -35,6 +36,9 @@ class LiveServer(BackgroundLoop):
         graph, info = build_demo()
         for stage, args in self.stage_args.items():
             graph.stage(stage).args.update(args)
+        for stage, fields in self.spec_changes.items():
+            for name, value in fields.items():
+                setattr(graph.stage(stage), name, value)
         for key, value in self.info_changes.items():
             setattr(info, key, value)
         self.info = info

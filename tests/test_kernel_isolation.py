@@ -1,5 +1,7 @@
-"""One request never hurts another inside the kernel: an output that cannot be sent fails only its
-request (the actor lives on), in both modes."""
+"""One request never hurts another inside the kernel, in both modes: an output that cannot be sent
+fails only its request (the actor lives on); a dead stage fails only the requests that hold state in
+it or still need it; a stage past its restart budget rests, then comes back, and requests that do
+not need it are served meanwhile."""
 
 from __future__ import annotations
 
@@ -7,8 +9,8 @@ import asyncio
 
 import pytest
 
-from kernel_helpers import graph, run_one
-from omni.kernel.errors import PayloadTooLarge
+from kernel_helpers import graph, run_one, summarize
+from omni.kernel.errors import PayloadTooLarge, StageDown, StageFailed
 from omni.kernel.kernel import Kernel
 
 
@@ -32,3 +34,77 @@ def test_payload_larger_than_the_arena_fails_only_its_request(mode):
     assert len(live["tokens"]) == 20 and len(after["tokens"]) == 3
     assert pid_after == pid and stats["encoder.0"]["restarts"] == 0 and set(health.values()) == {"up"}
     assert stats["encoder.0"]["in_flight"] == 0
+
+
+TEXT = {"modalities": ["text"]}
+
+
+async def _until(predicate, timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("mode", ["inline", "process"])
+def test_a_dead_stage_fails_only_the_requests_in_it(mode):
+    """Killing the vocoder: text-only requests (which skip it) go on and new ones are served while it
+    restarts; a speech request fails. Killing the encoder: requests that left it (decoding in the
+    generator) complete."""
+    async def main():
+        g = graph("shm", generator={"step_delay_s": 0.02})
+        async with Kernel(g, mode=mode) as kernel:
+            texts = [asyncio.ensure_future(run_one(kernel, f"text {i}", max_tokens=40, **TEXT)) for i in range(3)]
+            speech = kernel.submit({"prompt": "speak", "max_tokens": 10_000})
+            await speech.__anext__()
+            kernel.kill("vocoder")
+            with pytest.raises(StageFailed, match="vocoder.0 died"):
+                await speech.collect()
+            assert kernel.health()["vocoder"] != "up"
+            with pytest.raises(StageDown, match="vocoder"):
+                kernel.submit({"prompt": "speak", "max_tokens": 2})
+            during = await run_one(kernel, "while it restarts", max_tokens=3, **TEXT)
+            await _until(lambda: kernel.health()["vocoder"] == "up")
+            streams = [kernel.submit({"prompt": f"decoding {i}", "max_tokens": 40}) for i in range(3)]
+            firsts = [await s.__anext__() for s in streams]
+            await _until(lambda: all("encoder" not in kernel._inflight[s.rid].holders for s in streams))
+            kernel.kill("encoder")
+            decoding = [summarize([first, *await s.collect()]) for first, s in zip(firsts, streams)]
+            done = [*await asyncio.gather(*texts), *decoding]
+            await _until(lambda: set(kernel.health().values()) == {"up"})
+            after = await run_one(kernel, "after both", max_tokens=4)
+            return done, during, after, (await kernel.stats())["kernel"]["restarts_total"]
+
+    done, during, after, restarts = asyncio.run(main())
+    assert [len(r["tokens"]) for r in done] == [40] * 6
+    assert all(len(r["audio"]) == 0 for r in done[:3]) and all(len(r["audio"]) > 0 for r in done[3:])
+    assert len(during["tokens"]) == 3 and len(after["tokens"]) == 4 and len(after["audio"]) > 0
+    assert restarts == {"encoder": 1, "generator": 0, "vocoder": 1}
+
+
+@pytest.mark.parametrize("mode", ["inline", "process"])
+def test_past_its_budget_a_stage_rests_then_comes_back(mode):
+    async def main():
+        g = graph()
+        g.stage("vocoder").max_restarts = 1
+        g.stage("vocoder").restart_cooldown_s = 1.5
+        async with Kernel(g, mode=mode) as kernel:
+            kernel.kill("vocoder")
+            await _until(lambda: kernel.health()["vocoder"] == "up" and kernel.restarts_total["vocoder"] == 1)
+            kernel.kill("vocoder")
+            await _until(lambda: kernel.health()["vocoder"] == "down")
+            degraded = kernel.degraded()
+            with pytest.raises(StageDown, match="vocoder"):
+                kernel.submit({"prompt": "speak"})
+            served = await run_one(kernel, "text meanwhile", max_tokens=3, **TEXT)
+            t0 = asyncio.get_running_loop().time()
+            await _until(lambda: kernel.health()["vocoder"] == "up")
+            rested = asyncio.get_running_loop().time() - t0
+            spoken = await run_one(kernel, "speak again", max_tokens=3)
+            return degraded, served, rested, spoken, kernel.degraded()
+
+    degraded, served, rested, spoken, degraded_after = asyncio.run(main())
+    assert degraded == ["audio_output"] and degraded_after == []
+    assert len(served["tokens"]) == 3 and len(spoken["audio"]) > 0
+    assert 0.5 < rested < 10

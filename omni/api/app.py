@@ -1,8 +1,9 @@
 """The aiohttp application: one ServerState (kernel, model info, config, metrics), routes, middlewares.
 
 Middleware order, outermost first: metrics (sees every final status), errors (renders refusals as
-OpenAI bodies), auth (only /v1/*), admission (counts in-flight requests for the drain; refuses new
-ones while draining).
+OpenAI bodies), auth (/v1/*, and /metrics unless `public_metrics`), admission (counts in-flight
+requests for the drain; refuses new ones while draining, and past capacity before any body is read
+or media decoded).
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ class ServerConfig:
     max_body_bytes: int = 64 << 20
     limits: MediaLimits = field(default_factory=MediaLimits)
     request_timeout_s: float | None = None  # passed to the kernel as each request's deadline
-    drain_timeout_s: float = 30.0
+    drain_timeout_s: float = 30.0  # SIGTERM to exit, whatever the clients do
+    header_timeout_s: float = 10.0  # a connection's request head must arrive within this (also keep-alive idle)
+    body_timeout_s: float = 60.0  # a request's whole body must arrive within this
+    public_metrics: bool = False  # with api_key: /metrics stays open (it names stage PIDs and traffic)
+    max_concurrent: int | None = None  # POSTs admitted at once (429 beyond); None: the kernel's max_inflight
     probe_timeout_s: float = 1.0
     model_aliases: list[str] = field(default_factory=list)  # extra names clients may use for the model
     allowed_origins: list[str] = field(default_factory=list)  # CORS: origins browsers may call from ("*": any)
@@ -144,8 +149,9 @@ async def metrics_middleware(request: web.Request, handler):
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler):
-    key = request.app[STATE].config.api_key
-    if key and request.path.startswith("/v1/"):
+    config = request.app[STATE].config
+    key = config.api_key
+    if key and (request.path.startswith("/v1/") or (request.path == "/metrics" and not config.public_metrics)):
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
@@ -161,6 +167,10 @@ async def admission_middleware(request: web.Request, handler):
         return await handler(request)
     if state.draining:
         raise ApiError(503, "server is shutting down; not accepting new requests", code="shutting_down")
+    limit = state.config.max_concurrent or getattr(state.kernel, "max_inflight", None)
+    if limit and state.inflight >= limit:  # before the body is read or its media decoded
+        raise ApiError(429, f"server is at capacity ({state.inflight} requests in flight), retry later",
+                       code="overloaded")
     state.inflight += 1
     try:
         return await handler(request)

@@ -102,7 +102,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="STAGE.FIELD=VALUE",
                         help="override one stage field; repeatable")
     parser.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"),
-                        help="require this bearer key (default: $OMNI_API_KEY)")
+                        help="require this bearer key (default $OMNI_API_KEY; prefer it or --api-key-file: "
+                             "a flag shows in the process list)")
+    parser.add_argument("--api-key-file", default=None, help="read the bearer key from this file")
+    parser.add_argument("--public-metrics", action="store_true", help="with a key, leave /metrics open")
+    parser.add_argument("--header-timeout", type=float, default=10.0,
+                        help="seconds a connection may take to send a request head (and stay idle)")
+    parser.add_argument("--body-timeout", type=float, default=60.0, help="seconds a request body may take")
     parser.add_argument("--max-concurrent", type=int, default=64, help="requests admitted at once (429 beyond)")
     parser.add_argument("--mode", choices=("process", "inline"), default="process",
                         help="stages as processes (default) or in this process")
@@ -236,12 +242,27 @@ def server_config(args: argparse.Namespace):
     from omni.api.app import ServerConfig
     from omni.api.media import MediaLimits
 
-    return ServerConfig(host=args.host, port=args.port, api_key=args.api_key or None,
+    return ServerConfig(host=args.host, port=args.port, api_key=api_key(args),
+                        public_metrics=args.public_metrics, header_timeout_s=args.header_timeout,
+                        body_timeout_s=args.body_timeout,
                         max_body_bytes=int(args.max_body_mb * (1 << 20)),
                         limits=MediaLimits(max_audio_seconds=args.max_audio_seconds, image_hosts=args.image_host),
                         request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,
                         model_aliases=args.served_model_name[1:],
                         allowed_origins=allowed_origins(args.allowed_origins))
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """--api-key-file, else --api-key / $OMNI_API_KEY; surrounding whitespace is not part of a key."""
+    if args.api_key_file:
+        try:
+            key = Path(args.api_key_file).read_text().strip()
+        except OSError as exc:
+            raise CliError(f"cannot read --api-key-file: {exc}") from None
+        if not key:
+            raise CliError(f"--api-key-file {args.api_key_file} is empty")
+        return key
+    return (args.api_key or "").strip() or None
 
 
 def _say(text: str) -> None:
@@ -250,7 +271,7 @@ def _say(text: str) -> None:
 
 async def serve(args: argparse.Namespace) -> None:
     check_port_free(args.host, args.port)
-    config = server_config(args)
+    config = server_config(args)  # first: a bad key file fails before any stage starts
     _say("omnid: loading model " + (args.model or "(embedded default)"))
     graph, info = load_model(args)
     if args.served_model_name:

@@ -30,8 +30,10 @@ _TYPE_BY_STATUS = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_error",
     499: "cancelled",
     500: "server_error",
@@ -97,8 +99,11 @@ def as_api_error(exc: BaseException) -> ApiError:
 def error_response(err: ApiError) -> web.Response:
     headers = {"Retry-After": "1"} if err.status in (429, 503) else {}
     headers.update(err.headers)
-    return web.Response(status=err.status, body=msgspec.json.encode(err.body()),
-                        content_type="application/json", headers=headers)
+    response = web.Response(status=err.status, body=msgspec.json.encode(err.body()),
+                            content_type="application/json", headers=headers)
+    if err.status in (408, 431):  # the rest of the request was never read: this connection is done
+        response.force_close()
+    return response
 
 
 def _from_http_exception(exc: web.HTTPException) -> ApiError:

@@ -9,10 +9,13 @@ Server-side paths are never read.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import io
+import logging
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -20,6 +23,7 @@ import numpy as np
 
 from omni.api.errors import ApiError, bad_request, too_large
 
+log = logging.getLogger("omni.api")
 MODEL_AUDIO_RATE = 16000  # what the audio encoders take
 
 
@@ -27,6 +31,8 @@ MODEL_AUDIO_RATE = 16000  # what the audio encoders take
 class MediaLimits:
     max_audio_bytes: int = 25 << 20
     max_audio_seconds: float = 600.0
+    max_decoded_audio_bytes: int = 256 << 20  # channels x rate x duration x 4 (float32), before mixing down
+    max_sample_abs: float = 4.0  # full scale is 1.0; float files may peak a little above it
     max_image_bytes: int = 20 << 20
     max_image_pixels: int = 40_000_000
     image_hosts: list[str] = field(default_factory=list)  # remote hosts allowed for image_url
@@ -45,7 +51,11 @@ def b64decode_strict(data: str, param: str) -> bytes:
 
 def decode_audio_bytes(raw: bytes, param: str, limits: MediaLimits, target_rate: int = MODEL_AUDIO_RATE
                        ) -> tuple[np.ndarray, int]:
-    """Decode an audio file's bytes to mono float32 at `target_rate`."""
+    """Decode an audio file's bytes to mono float32 at `target_rate`.
+
+    The decoded size is bounded before decoding, from the header (channels x rate x duration), and
+    the read itself never takes more frames than the bounds allow (a header may under-state them).
+    """
     import soundfile as sf
 
     if len(raw) > limits.max_audio_bytes:
@@ -53,23 +63,21 @@ def decode_audio_bytes(raw: bytes, param: str, limits: MediaLimits, target_rate:
     if not raw:
         raise bad_request(f"{param}: audio is empty", param=param, code="invalid_audio")
     try:
-        info = sf.info(io.BytesIO(raw))
-        if info.frames > 0 and info.frames / max(info.samplerate, 1) > limits.max_audio_seconds:
-            raise too_large(f"{param}: audio lasts {info.frames / info.samplerate:.1f} s; the limit is "
-                            f"{limits.max_audio_seconds:.0f} s", param)
-        pcm, rate = sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)
+        with sf.SoundFile(io.BytesIO(raw)) as f:
+            max_frames = _frame_bound(f.frames, f.samplerate, f.channels, param, limits)
+            pcm = f.read(max_frames + 1, dtype="float32", always_2d=True)
+            rate = f.samplerate
     except ApiError:
         raise
     except Exception:  # libsndfile's errors are plain RuntimeErrors: not a format it reads; FFmpeg's turn
-        pcm, rate = _decode_with_av(raw, param, limits)
+        pcm, rate = _decode_with_av(raw, param, limits)  # bounded by duration, mixed to mono as it goes
+        max_frames = _frame_bound(pcm.shape[0], rate, pcm.shape[1], param, limits)
     if pcm.shape[0] == 0:
         raise bad_request(f"{param}: audio has no samples", param=param, code="invalid_audio")
-    if pcm.shape[0] / rate > limits.max_audio_seconds:
-        raise too_large(f"{param}: audio lasts {pcm.shape[0] / rate:.1f} s; the limit is "
-                        f"{limits.max_audio_seconds:.0f} s", param)
+    if pcm.shape[0] > max_frames:
+        _frame_bound(pcm.shape[0], rate, pcm.shape[1], param, limits)  # raises the 413 that says which bound
+    check_samples(pcm, param, limits)
     mono = pcm.mean(axis=1, dtype=np.float32) if pcm.shape[1] > 1 else pcm[:, 0]
-    if not np.isfinite(mono).all():
-        raise bad_request(f"{param}: audio holds NaN or infinite samples", param=param, code="invalid_audio")
     return resample(mono, rate, target_rate), target_rate
 
 
@@ -85,6 +93,43 @@ def _decode_with_av(raw: bytes, param: str, limits: MediaLimits) -> tuple[np.nda
     if cut:
         raise too_large(f"{param}: audio lasts more than the limit of {limits.max_audio_seconds:.0f} s", param)
     return pcm[:, None], rate
+
+
+def _frame_bound(frames: int, rate: int, channels: int, param: str, limits: MediaLimits) -> int:
+    """The most frames the limits allow for this rate and channel count; a 413 when `frames` is over."""
+    seconds = frames / max(rate, 1)
+    if seconds > limits.max_audio_seconds:
+        raise too_large(f"{param}: audio lasts {seconds:.1f} s; the limit is {limits.max_audio_seconds:.0f} s", param)
+    decoded = frames * channels * 4
+    if decoded > limits.max_decoded_audio_bytes:
+        raise too_large(f"{param}: audio decodes to {decoded} bytes ({channels} channel(s) x {rate} Hz x "
+                        f"{seconds:.1f} s, float32); the limit is {limits.max_decoded_audio_bytes} bytes", param)
+    return min(int(limits.max_audio_seconds * rate), limits.max_decoded_audio_bytes // (4 * max(channels, 1)))
+
+
+def check_samples(pcm: np.ndarray, param: str, limits: MediaLimits) -> None:
+    """Samples must be finite and within +-max_sample_abs: huge ones overflow the features to inf/NaN."""
+    if not np.isfinite(pcm).all():
+        raise bad_request(f"{param}: audio holds NaN or infinite samples", param=param, code="invalid_audio")
+    peak = float(np.abs(pcm).max()) if pcm.size else 0.0
+    if peak > limits.max_sample_abs:
+        raise bad_request(f"{param}: audio samples must lie within [-{limits.max_sample_abs:g}, "
+                          f"{limits.max_sample_abs:g}] (full scale is 1.0); the peak is {peak:.3g}", param=param,
+                          code="invalid_audio")
+
+
+_DECODE_POOL = ThreadPoolExecutor(2, thread_name_prefix="omni-media")
+
+
+async def off_loop(fn, *args):
+    """Run media work (decoding, resampling) in the media pool, two at a time, never on the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(_DECODE_POOL, fn, *args)
+
+
+async def decode_audio(raw: bytes, param: str, limits: MediaLimits, target_rate: int = MODEL_AUDIO_RATE
+                       ) -> tuple[np.ndarray, int]:
+    """`decode_audio_bytes` off the event loop, so decoding never stalls other clients."""
+    return await off_loop(decode_audio_bytes, raw, param, limits, target_rate)
 
 
 def resample(pcm: np.ndarray, rate: int, target_rate: int) -> np.ndarray:
@@ -144,7 +189,11 @@ def parse_image_url(url: str, param: str, limits: MediaLimits) -> tuple[bytes | 
 
 
 async def fetch_image(url: str, param: str, limits: MediaLimits) -> bytes:
-    """Fetch an allow-listed remote image, bounded in size and time."""
+    """Fetch an allow-listed remote image, bounded in size and time.
+
+    Every failure gives the same answer (the cause is logged): an error that differed by status,
+    refusal, timeout or content would let a client map the ports and paths of an allowed host.
+    """
     import aiohttp
 
     try:
@@ -152,12 +201,10 @@ async def fetch_image(url: str, param: str, limits: MediaLimits) -> bytes:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             async with session.get(url, allow_redirects=False) as resp:
                 if resp.status != 200:
-                    raise bad_request(f"{param}: fetching the image gave HTTP {resp.status}", param=param,
-                                      code="image_fetch_failed")
+                    raise ValueError(f"HTTP {resp.status}")
                 raw = await resp.content.read(limits.max_image_bytes + 1)
-    except ApiError:
-        raise
-    except Exception as exc:
-        raise bad_request(f"{param}: could not fetch the image ({type(exc).__name__}: {exc})", param=param,
+        return await off_loop(_check_image, raw, param, limits)
+    except Exception as exc:  # not an image, or too large, reads the same too: it was fetched
+        log.info("fetching %s for %s failed: %s: %s", url, param, type(exc).__name__, exc)
+        raise bad_request(f"{param}: could not fetch an image from that URL", param=param,
                           code="image_fetch_failed") from None
-    return _check_image(raw, param, limits)

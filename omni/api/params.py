@@ -13,6 +13,7 @@ from omni.api.media import (
     MODEL_AUDIO_RATE,
     audio_part,
     b64decode_strict,
+    decode_audio,
     decode_audio_bytes,
     fetch_image,
     parse_image_url,
@@ -145,7 +146,7 @@ async def _content(state: ServerState, content, param: str) -> str | list[dict]:
             parts.append({"type": "text", "text": part.text})
         elif isinstance(part, AudioPart):
             raw = b64decode_strict(part.input_audio.data, f"{where}.input_audio.data")
-            pcm, rate = decode_audio_bytes(raw, f"{where}.input_audio.data", state.config.limits, MODEL_AUDIO_RATE)
+            pcm, rate = await decode_audio(raw, f"{where}.input_audio.data", state.config.limits, MODEL_AUDIO_RATE)
             parts.append({"type": "audio", **audio_part(pcm, rate)})
         elif isinstance(part, ImagePart):
             data, url = parse_image_url(part.image_url.url, f"{where}.image_url.url", state.config.limits)

@@ -14,10 +14,12 @@ import numpy as np
 from aiohttp import web
 
 from omni.api.audio_codec import CONTENT_TYPES, StreamEncoder
+from omni.api.connections import read_body
 from omni.api.errors import ApiError, as_api_error, bad_request, too_large
 from omni.api.generation import AudioPiece, Finish, KernelRequest
 from omni.api.metrics import RequestTimer
 from omni.api.params import model_applies_speed, speech_params
+from omni.api.prompt_bounds import check_prompt_chars
 from omni.api.schemas import SpeechRequest, decode_body
 from omni.api.sse import SseStream
 
@@ -42,7 +44,8 @@ async def speech(request: web.Request) -> web.StreamResponse:
     from omni.api.app import STATE
 
     state = request.app[STATE]
-    req = decode_body(await request.read(), SpeechRequest)
+    req = decode_body(await read_body(request), SpeechRequest)
+    check_prompt_chars(state.info, len(req.input), "input")
     params = speech_params(state, req)
     timer = RequestTimer(state.metrics, SPEECH_ROUTE)
     changer_needed = req.speed != 1.0 and not model_applies_speed(state)

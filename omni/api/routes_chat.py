@@ -9,10 +9,12 @@ import uuid
 from aiohttp import web
 
 from omni.api.audio_codec import StreamEncoder, encode_audio
+from omni.api.connections import read_body
 from omni.api.errors import as_api_error
 from omni.api.generation import AudioPiece, Finish, KernelRequest, TextPiece
 from omni.api.metrics import RequestTimer
 from omni.api.params import chat_params, stop_strings
+from omni.api.prompt_bounds import chat_chars, check_prompt_chars
 from omni.api.schemas import ChatCompletionRequest, decode_body
 from omni.api.sse import SseStream
 
@@ -30,7 +32,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     from omni.api.app import STATE
 
     state = request.app[STATE]
-    req = decode_body(await request.read(), ChatCompletionRequest)
+    req = decode_body(await read_body(request), ChatCompletionRequest)
+    check_prompt_chars(state.info, chat_chars(req))
     params = await chat_params(state, req)
     timer = RequestTimer(state.metrics, ROUTE)
     wants_audio = "audio" in params["modalities"]

@@ -45,26 +45,34 @@ async def get_model(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    """200 only when every stage answers a probe; 503 names those that do not."""
+    """200 when every core stage answers a probe, with `degraded` naming the capabilities a down
+    stage takes away meanwhile (requests that do not need them are served); 503 names core stages
+    that do not answer."""
     state = _state(request)
     try:
-        probes, states = {}, {}
+        probes, states, optional = {}, {}, {}
         for served in state.served():  # an extra model's stages are named "<model id>/<stage>"
             prefix = "" if served.kernel is state.kernel else f"{served.info.id}/"
             found = await served.kernel.probe(timeout_s=state.config.probe_timeout_s)
             probes.update({prefix + k: v for k, v in found.items()})
             states.update({prefix + k: v for k, v in served.kernel.health().items()})
+            capabilities = getattr(served.kernel, "capabilities", dict)()
+            for cap, stages in capabilities.items():
+                optional.update({prefix + s: prefix + cap for s in stages})
     except Exception as exc:  # a kernel that cannot even be asked is not healthy
         log.warning("health probe failed: %s: %s", type(exc).__name__, exc)
         raise ApiError(503, f"kernel did not answer the health probe: {type(exc).__name__}: {exc}",
                        code="unhealthy") from None
-    down = sorted(name for name, ok in probes.items() if not ok)
+    silent = sorted(name for name, ok in probes.items() if not ok)
+    down = [name for name in silent if name not in optional]
+    degraded = sorted({optional[name] for name in silent if name in optional})
     if state.draining:
         raise ApiError(503, "server is shutting down", code="shutting_down")
     if down or not probes:
         detail = ", ".join(f"{n} ({states.get(n, 'no answer')})" for n in down) or "no stages"
         raise ApiError(503, f"stages not answering: {detail}", param=",".join(down) or None, code="unhealthy")
-    return web.json_response({"status": "ok", "model": state.info.id, "stages": states})
+    return web.json_response({"status": "degraded" if degraded else "ok", "model": state.info.id,
+                              "degraded": degraded, "stages": states})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -10,10 +10,14 @@ reports them (Whisper does), else null.
 
 from __future__ import annotations
 
+from functools import partial
+
 from aiohttp import web
 
+from omni.api.connections import within_body_timeout
 from omni.api.errors import as_api_error, bad_request
 from omni.api.generation import Finish, KernelRequest, TextPiece
+from omni.api.media import off_loop
 from omni.api.metrics import RequestTimer
 from omni.api.params import transcribe_params
 from omni.api.routes_audio import _read_form
@@ -89,7 +93,7 @@ async def _serve(request: web.Request, task: str) -> web.StreamResponse:
     from omni.api.app import STATE
 
     state = request.app[STATE]
-    fields, audio = await _read_form(request, state.config.limits.max_audio_bytes)
+    fields, audio = await within_body_timeout(request, _read_form(request, state.config.limits.max_audio_bytes))
     if "model" not in fields:
         raise bad_request("missing form field 'model'", param="model", code="missing_field")
     if audio is None:
@@ -98,9 +102,9 @@ async def _serve(request: web.Request, task: str) -> web.StreamResponse:
     stream = _flag(fields, "stream")
     _check_fields(fields, task, fmt, stream)
     language = fields.get("language") or None
-    params, duration, served = transcribe_params(state, fields["model"], audio, language, fields.get("prompt"),
-                                                 _temperature(fields), timestamps=fmt in ("verbose_json", "srt", "vtt"),
-                                                 task=task)
+    params, duration, served = await off_loop(partial(  # decoding runs off the event loop
+        transcribe_params, state, fields["model"], audio, language, fields.get("prompt"), _temperature(fields),
+        timestamps=fmt in ("verbose_json", "srt", "vtt"), task=task))
     route = TRANSLATE_ROUTE if task == "translate" else TRANSCRIBE_ROUTE
     timer = RequestTimer(state.metrics, route)
     async with KernelRequest(served.kernel, params, timer, None, state.config.request_timeout_s) as gen:

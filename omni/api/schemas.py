@@ -164,3 +164,5 @@ def decode_body(body: bytes, cls: type) -> object:
         raise ApiError(400, f"invalid request: {text}", param=param, code="invalid_value") from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:  # msgspec recurses per nesting level, also through fields it skips
+        raise ApiError(400, "body is not valid JSON: it is nested too deeply", code="invalid_json") from None

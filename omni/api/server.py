@@ -13,8 +13,16 @@ from collections.abc import Callable
 from aiohttp import web
 
 from omni.api.app import STATE
+from omni.api.connections import GuardedRunner
 
 log = logging.getLogger("omni.api")
+
+
+def stop_reserve(drain_timeout_s: float) -> float:
+    """Seconds of the drain timeout kept for closing connections and stopping the stages. aiohttp
+    gives a handler still running its shutdown timeout twice (to finish, then once cancelled), a
+    quarter of this each; the stages get the rest."""
+    return min(3.0, 0.4 * drain_timeout_s)
 
 
 class HttpServer:
@@ -31,7 +39,9 @@ class HttpServer:
     async def start(self) -> HttpServer:
         # handler_cancellation: a client that disconnects cancels its handler, so its request is
         # cancelled in the kernel even while nothing is being written to it
-        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        config = self.app[STATE].config
+        self.runner = GuardedRunner(self.app, config.header_timeout_s, stop_reserve(config.drain_timeout_s) / 4,
+                                    handler_cancellation=True, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.host, self.port, reuse_address=True)
         await site.start()
@@ -81,7 +91,8 @@ async def serve_until_signal(server: HttpServer, kernel, drain_timeout_s: float,
         on_listening(f"omnid listening on {server.url}")
         await stop.wait()
         log.info("shutting down: draining requests, then stopping every stage")
-        await server.drain(drain_timeout_s)
+        # the drain leaves time to close connections and stop the stages inside drain_timeout_s
+        await server.drain(max(0.0, drain_timeout_s - stop_reserve(drain_timeout_s)))
     finally:
         await server.stop()
         await kernel.stop()

@@ -25,6 +25,7 @@ from omni.kernel.channels import ChannelFull, is_array, load_channel
 from omni.kernel.driver import StageDriver
 from omni.kernel.errors import PayloadTooLarge
 from omni.kernel.graph import OUT, EdgeSpec, Graph
+from omni.kernel.routing import inputs_expected
 from omni.kernel.rundir import actor_name, endpoint, shm_owner
 from omni.kernel.stage import Emit
 
@@ -79,6 +80,7 @@ class Actor:
         self._writers: dict[str, Any] = {}
         self._readers: dict[str, Any] = {}
         self._opened: dict[str, dict[str, Any]] = {}  # rid -> params, for requests seen here
+        self._skips: dict[str, set[str]] = {}  # rid -> stages it skips (routing.py), when any
         self._final_buffers: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"compute-{self.name}")
         self._stopping = asyncio.Event()
@@ -148,10 +150,14 @@ class Actor:
                 if self.driver.is_dead(msg.rid) or msg.rid in self._opened:
                     return
                 self._opened[msg.rid] = msg.params
-                self.driver.post_open(msg.rid, msg.params)
-                for edge in self.out_edges:
+                if msg.skip:
+                    self._skips[msg.rid] = set(msg.skip)
+                inputs = inputs_expected(self.graph, self.spec.name, msg.skip) if msg.skip else None
+                self.driver.post_open(msg.rid, msg.params, inputs)
+                for edge in self._edges_of(msg.rid):
                     if edge.dst != OUT:
-                        self._send_to_edge(edge, msg.rid, m.RequestOpen(msg.rid, msg.params, msg.deadline, edge.id))
+                        self._send_to_edge(edge, msg.rid, m.RequestOpen(msg.rid, msg.params, msg.deadline, edge.id,
+                                                                        msg.skip))
             case m.RequestChunk():
                 data = self._read_payloads(msg, frames)
                 credit = (msg.edge, self._producer_of(msg.edge, msg.rid), [self._reader_token(d) for d in msg.payloads])
@@ -335,9 +341,10 @@ class Actor:
         if emit.error is not None:
             self._fail(rid, emit.error_kind, emit.error)
             return
+        edges = self._edges_of(rid)
         if emit.data is not None:
             seq = self.driver.next_seq(rid)
-            for edge in self.out_edges:
+            for edge in edges:  # output for a stage the request skips is dropped here
                 if edge.port != emit.port:
                     continue
                 if edge.mode == "final":
@@ -345,14 +352,21 @@ class Actor:
                 else:
                     await self._send_chunk(edge, rid, emit.data, seq)
         if emit.finish:
-            for edge in self.out_edges:
+            for edge in edges:
                 for i, data in enumerate(self._final_buffers.pop((rid, edge.id), [])):
                     await self._send_chunk(edge, rid, data, i)
                 self._send_to_edge(edge, rid, m.RequestEnd(rid, edge.id, emit.end_meta or {}))
             self._forget(rid)
+            self._send(KERNEL, m.RequestLeft(rid, self.spec.name, self.replica))
+
+    def _edges_of(self, rid: str) -> list[EdgeSpec]:
+        """The outgoing edges this request uses (none into a stage it skips)."""
+        skip = self._skips.get(rid)
+        return [e for e in self.out_edges if e.dst not in skip] if skip else self.out_edges
 
     def _forget(self, rid: str) -> None:
         self._opened.pop(rid, None)
+        self._skips.pop(rid, None)
         for key in [k for k in self._final_buffers if k[0] == rid]:
             del self._final_buffers[key]
 

@@ -34,6 +34,7 @@ class StageDriver:
         self._inbox: collections.deque[tuple] = collections.deque()
         self._cancels: collections.deque[str] = collections.deque()
         self._ends: dict[str, set[str]] = {}
+        self._expected: dict[str, int] = {}  # rid -> inputs it will end here (fewer when it skips stages)
         self._live: set[str] = set()
         self._dead: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._seq: dict[str, int] = {}
@@ -116,12 +117,13 @@ class StageDriver:
             if op == "open":
                 self._live.add(rid)
                 self._ends[rid] = set()
+                self._expected[rid] = item[3] if item[3] is not None else self.n_inputs
                 self.stage.open(rid, item[2])
             elif op == "chunk" and rid in self._live:
                 self.stage.feed(rid, item[2], item[3])
             elif op == "end" and rid in self._live:
                 self._ends[rid].add(item[2])
-                if len(self._ends[rid]) >= self.n_inputs:
+                if len(self._ends[rid]) >= self._expected[rid]:
                     self.stage.close_input(rid)
         except Exception as exc:
             kind = getattr(exc, "kind", "stage_failed")
@@ -143,6 +145,7 @@ class StageDriver:
     def _retire(self, rid: str) -> None:
         self._live.discard(rid)
         self._ends.pop(rid, None)
+        self._expected.pop(rid, None)
         self._seq.pop(rid, None)
         self._bury(rid)
 
@@ -161,8 +164,9 @@ class StageDriver:
 
     # ---- loop thread ------------------------------------------------------------------------
 
-    def post_open(self, rid: str, params: dict[str, Any]) -> None:
-        self._inbox.append(("open", rid, params))
+    def post_open(self, rid: str, params: dict[str, Any], inputs: int | None = None) -> None:
+        """`inputs`: how many inbound edges this request ends here (default: every one)."""
+        self._inbox.append(("open", rid, params, inputs))
 
     def post_chunk(self, rid: str, port: str, data: dict[str, Any], credit: tuple) -> None:
         self._inbox.append(("chunk", rid, port, data, credit))

@@ -32,7 +32,10 @@ class StageSpec:
     credits: int = 64  # chunks in flight on each inbound edge
     arena_bytes: int = 64 << 20  # shm arena for this stage's outgoing payloads
     start_timeout_s: float = 120.0
-    max_restarts: int = 3
+    max_restarts: int = 3  # restarts within restart_window_s; past it the stage rests restart_cooldown_s
+    capability: str = ""  # what the stage serves alone (e.g. "image_input"); "" = core, every request needs it
+    restart_window_s: float = 60.0
+    restart_cooldown_s: float = 30.0
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Graph:
     stages: list[StageSpec]
     edges: list[EdgeSpec]
     entry: str = ""  # the stage that receives new requests; default: the first stage
+    needs: str = ""  # "module:function": request params -> capability names it needs (see routing.py)
 
     def __post_init__(self) -> None:
         if not self.entry and self.stages:
@@ -110,6 +114,7 @@ class Graph:
             stages=[StageSpec(**s) for s in data["stages"]],
             edges=[EdgeSpec(**e) for e in data["edges"]],
             entry=data.get("entry", ""),
+            needs=data.get("needs", ""),
         )
 
 

@@ -40,6 +40,7 @@ from omni.kernel.errors import (
 )
 from omni.kernel.graph import Graph
 from omni.kernel.requests import InflightRequest, OutputEvent, RequestState, RequestStream, end_marker
+from omni.kernel.routing import Route, Router
 from omni.kernel.rundir import (
     actor_name,
     endpoint,
@@ -88,6 +89,7 @@ class Kernel:
         self._started = False
         self._closed = False
         self.restarts_total: dict[str, int] = {s.name: 0 for s in graph.stages}
+        self.router = Router(graph)
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -166,13 +168,15 @@ class Kernel:
             raise KernelClosed("the kernel is not running")
         if len(self._inflight) >= self.max_inflight:
             raise Overloaded(f"{len(self._inflight)} requests in flight (limit {self.max_inflight}); retry later")
-        down = [h.name for h in self._handles.values() if h.state is not ActorState.UP]
-        if down:
-            raise StageDown(f"stage(s) not serving: {', '.join(down)}")
         rid = rid or uuid.uuid4().hex
         if rid in self._inflight:
             raise ValueError(f"request id {rid!r} is already in flight")
-        request = InflightRequest(rid, {e.id for e in self.graph.exits()})
+        route = self._route(params)
+        down = [name for name in (self._replica_of(stage, rid) for stage in route.stages)
+                if self._handles[name].state is not ActorState.UP]
+        if down:  # only the stages this request uses matter: one that skips a down stage is served
+            raise StageDown(f"stage(s) not serving: {', '.join(down)}")
+        request = InflightRequest(rid, route.exits, holders=set(route.stages))
         self._inflight[rid] = request
         loop = asyncio.get_running_loop()
         deadline = 0.0
@@ -184,9 +188,20 @@ class Kernel:
         entry = self.graph.entry
         target = actor_name(entry, pick_replica(rid, self.graph.stage(entry).replicas))
         edge = ENTRY_EDGE.format(entry=entry)
-        if not (self._send(target, m.RequestOpen(rid, params, deadline, edge)) and self._send(target, m.RequestEnd(rid, edge))):
+        if not (self._send(target, m.RequestOpen(rid, params, deadline, edge, route.skip))
+                and self._send(target, m.RequestEnd(rid, edge))):
             self._finish(rid, StageFailed(f"stage {target} is not reachable"))
         return RequestStream(self, request)
+
+    def _route(self, params: dict[str, Any]) -> Route:
+        try:
+            return self.router.route(params)
+        except Exception as exc:  # a family's `needs` that cannot read these params: use every stage
+            log.warning("routing failed (%s: %s); the request uses every stage", type(exc).__name__, exc)
+            return Router.everything(self.graph)
+
+    def _replica_of(self, stage: str, rid: str) -> str:
+        return actor_name(stage, pick_replica(rid, self.graph.stage(stage).replicas))
 
     async def cancel(self, rid: str, reason: str = "cancelled by the client") -> None:
         if rid in self._inflight:
@@ -236,6 +251,10 @@ class Kernel:
                     request.pending_exits.discard(msg.edge)
                     if not request.pending_exits:
                         self._finish(msg.rid)
+            case m.RequestLeft():
+                request = self._inflight.get(msg.rid)
+                if request is not None:
+                    request.holders.discard(msg.stage)
             case m.RequestError():
                 if msg.rid in self._inflight:
                     self._finish(msg.rid, error_from_kind(msg.kind, f"stage {msg.stage}: {msg.message}"))
@@ -297,7 +316,9 @@ class Kernel:
         log.error("stage %s died (%s)", handle.name, reason)
         spec = self.graph.stage(handle.stage)
         handle.state = ActorState.RESTARTING
-        victims = [rid for rid in self._inflight if pick_replica(rid, spec.replicas) == handle.replica]
+        # only requests that hold state in this stage or still have to pass through it fail
+        victims = [rid for rid, request in self._inflight.items()
+                   if handle.stage in request.holders and pick_replica(rid, spec.replicas) == handle.replica]
         for rid in victims:
             self._finish(rid, StageFailed(f"stage {handle.name} died ({reason}) while serving request {rid}"))
         unlink_shm_prefix(shm_owner(self.instance, handle.stage, handle.replica))
@@ -305,17 +326,21 @@ class Kernel:
             cleanup_dead_process(self._channels_in_use(), handle.pid)
         remove_socket(self.run_dir, handle.name)
         self.outbox.reset(handle.name)  # drop what was queued for the dead process
-        delay = restart_delay(handle)
-        if len(handle.restarts) >= spec.max_restarts:
+        delay = restart_delay(handle, spec.restart_window_s)
+        if len(handle.restarts) >= spec.max_restarts:  # a rate, as in OTP: rest, then try again afresh
             handle.state = ActorState.DOWN
-            log.error("stage %s is down: %d restarts within the window", handle.name, len(handle.restarts))
+            log.error("stage %s is down: %d restarts within %g s; retrying in %g s", handle.name,
+                      len(handle.restarts), spec.restart_window_s, spec.restart_cooldown_s)
+            self._tasks.append(asyncio.create_task(self._restart(handle, spec.restart_cooldown_s, victims, True)))
             return
-        asyncio.create_task(self._restart(handle, delay, victims))
+        self._tasks.append(asyncio.create_task(self._restart(handle, delay, victims)))
 
-    async def _restart(self, handle: ActorHandle, delay: float, victims: list[str]) -> None:
+    async def _restart(self, handle: ActorHandle, delay: float, victims: list[str], afresh: bool = False) -> None:
         await asyncio.sleep(delay)
         if self._closed:
             return
+        if afresh:
+            handle.restarts.clear()
         handle.restarts.append(time.monotonic())
         self.restarts_total[handle.stage] += 1
         self._launcher.launch(handle)
@@ -342,6 +367,15 @@ class Kernel:
             states = [self._handles[actor_name(spec.name, r)].state for r in range(spec.replicas)]
             out[spec.name] = min(states, key=order.index).value
         return out
+
+    def capabilities(self) -> dict[str, list[str]]:
+        """Capability -> the stages that serve only it (a request that does not need it skips them)."""
+        return self.router.capabilities()
+
+    def degraded(self) -> list[str]:
+        """Capabilities not served now (a stage of theirs is not up); the core is never among them."""
+        states = self.health()
+        return sorted(cap for cap, stages in self.capabilities().items() if any(states[s] != "up" for s in stages))
 
     async def _query(self, timeout_s: float) -> dict[str, dict[str, Any] | None]:
         token = next(self._query_ids)
@@ -380,6 +414,10 @@ class Kernel:
 
     def _channels_in_use(self) -> set[str]:
         return {edge_channel(self.graph, e) for e in self.graph.edges}
+
+    def kill(self, stage: str, replica: int = 0) -> None:
+        """Kill one replica as a crash would (SIGKILL, or cancelling its task inline): fault drills."""
+        self._launcher.kill(self._handles[actor_name(stage, replica)])
 
     def pid_of(self, stage: str, replica: int = 0) -> int:
         return self._handles[actor_name(stage, replica)].pid

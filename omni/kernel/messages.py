@@ -37,6 +37,7 @@ class RequestOpen(Msg, gc=False):
     params: dict[str, Any] = {}
     deadline: float = 0.0  # unix time; 0 = none
     edge: str = ""
+    skip: list[str] = []  # stages this request never enters (routing.py): no edge into them opens
 
 
 class RequestChunk(Msg, gc=False):
@@ -64,6 +65,15 @@ class RequestError(Msg, gc=False):
     stage: str
     kind: str
     message: str
+
+
+class RequestLeft(Msg, gc=False):
+    """A stage is done with `rid`: it holds nothing for it and sends it nothing more (to the kernel,
+    so a death of that stage later fails only the requests still in it)."""
+
+    rid: str
+    stage: str
+    replica: int = 0
 
 
 class RequestCancel(Msg, gc=False):
@@ -133,6 +143,7 @@ AnyMsg = Union[
     RequestChunk,
     RequestEnd,
     RequestError,
+    RequestLeft,
     RequestCancel,
     EdgeCredit,
     ActorReady,

@@ -28,6 +28,12 @@ class ModelInfo:
     sample_rate: int = 24000
     random_weights: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    max_context: int | None = None  # prompt tokens the model takes; longer prompts are refused up front
+
+
+# A token covers at most this many characters of ordinary text, so a prompt of more than
+# max_context * CHARS_PER_TOKEN characters cannot fit: refused before it is tokenized.
+CHARS_PER_TOKEN = 16
 
 
 @dataclass

@@ -42,6 +42,7 @@ class InflightRequest:
     created: float = field(default_factory=time.monotonic)
     deadline_handle: asyncio.TimerHandle | None = None
     state: RequestState = RequestState.RUNNING
+    holders: set[str] = field(default_factory=set)  # stages it uses that have not reported RequestLeft
 
 
 _END = object()

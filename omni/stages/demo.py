@@ -236,7 +236,7 @@ def demo_graph(**stage_args: dict[str, Any]) -> Graph:
         stages=[
             StageSpec("encoder", "demo.encoder", args=dict(stage_args.get("encoder", {}))),
             StageSpec("generator", "demo.generator", args=dict(stage_args.get("generator", {}))),
-            StageSpec("vocoder", "demo.vocoder", args=dict(stage_args.get("vocoder", {}))),
+            StageSpec("vocoder", "demo.vocoder", args=dict(stage_args.get("vocoder", {})), capability="audio_output"),
         ],
         edges=[
             EdgeSpec("encoder", "embeds", "generator"),
@@ -244,7 +244,14 @@ def demo_graph(**stage_args: dict[str, Any]) -> Graph:
             EdgeSpec("generator", "frames", "vocoder"),
             EdgeSpec("vocoder", "audio", OUT),
         ],
+        needs="omni.stages.demo:needs",
     )
+
+
+def needs(params: dict[str, Any]) -> set[str]:
+    """Audio out unless the request's modalities leave it out (a text-only request skips the vocoder)."""
+    modalities = params.get("modalities")
+    return {"audio_output"} if modalities is None or "audio" in modalities else set()
 
 
 def build_demo(model_dir: str | None = None, variant: str | None = None, **options: Any) -> tuple[Graph, ModelInfo]:

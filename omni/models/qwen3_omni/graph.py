@@ -31,6 +31,7 @@ from omni.kernel.registry import ModelInfo
 from omni.models.qwen3_omni.config import Qwen3OmniConfig, load_config
 from omni.models.qwen3_omni.make_tiny import TINY_MARKER  # next to a random-weight checkpoint
 from omni.models.qwen3_omni.presets_full import random_marker  # a config-only dir: random weights at load
+from omni.stages.ar.config import EngineConfig
 
 FAMILY = "qwen3-omni"
 VARIANTS = ("speech", "text")
@@ -88,10 +89,11 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
                 **options.get("stage_args", {}).get(name, {})}
         return StageSpec(name, _KINDS[name], args=args, device="cpu" if name == "preprocess" else device, **spec)
 
+    max_context = int(options.get("stage_args", {}).get("thinker", {}).get("max_model_len", EngineConfig.max_model_len))
     stages = [
-        stage("preprocess", {"model_dir": model_dir, "voices": voices}),
-        stage("audio_encoder", {"model": model_dir, "out_port": "embeds"}),
-        stage("vision_encoder", {"model": model_dir, "out_port": "embeds"}),
+        stage("preprocess", {"model_dir": model_dir, "voices": voices, "max_prompt_tokens": max_context}),
+        stage("audio_encoder", {"model": model_dir, "out_port": "embeds"}, capability="audio_input"),
+        stage("vision_encoder", {"model": model_dir, "out_port": "embeds"}, capability="image_input"),
         stage("thinker", {"model_dir": model_dir, "default_sampling": {"max_tokens": lengths["thinker"]}}),
     ]
     edges = [
@@ -105,9 +107,9 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     if speaks:
         stages += [
             stage("talker", {"model_dir": model_dir, "speaker": voices[0] if voices else DEFAULT_VOICE,
-                             "default_sampling": {"max_tokens": lengths["talker"]}}),
+                             "default_sampling": {"max_tokens": lengths["talker"]}}, capability="audio_output"),
             stage("code2wav", {"model": model_dir, "first_chunk_frames": options.get("first_chunk_frames", 4),
-                               "chunk_frames": options.get("chunk_frames", 12)}),
+                               "chunk_frames": options.get("chunk_frames", 12)}, capability="audio_output"),
         ]
         edges += [
             EdgeSpec("thinker", "hidden", "talker"),
@@ -115,7 +117,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
             EdgeSpec("talker", "codes", "code2wav"),
             EdgeSpec("code2wav", "audio", OUT),
         ]
-    graph = Graph(name=f"{FAMILY}-{variant}", stages=stages, edges=edges, entry="preprocess")
+    graph = Graph(name=f"{FAMILY}-{variant}", stages=stages, edges=edges, entry="preprocess",
+                  needs="omni.models.qwen3_omni.request:needs")
     graph.validate()
     info = ModelInfo(
         id=options.get("model_id") or Path(model_dir).name,
@@ -125,6 +128,7 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         voices=voices,
         sample_rate=cfg.code2wav.sample_rate if cfg.code2wav is not None else 24000,
         random_weights=tiny or bool(randomized),
+        max_context=max_context,
         extra={"variant": variant, "model_dir": model_dir, **_tiny_facts(model_dir, tiny),
                **({"random_load": randomized} if randomized else {})},
     )

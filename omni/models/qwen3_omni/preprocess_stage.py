@@ -11,7 +11,9 @@ image patches) on the compute thread. Per request it emits, in this order:
 - port `grids`: {"image_grid_thw": [n, 3]} when the prompt has images (the talker's M-RoPE needs them);
 - port `prompt`: {"token_ids": int64 [n]} (placeholders expanded), and the request ends here.
 
-args: `model_dir`; `voices` (the talker's speakers; empty when the graph does not speak).
+args: `model_dir`; `voices` (the talker's speakers; empty when the graph does not speak);
+`max_prompt_tokens` (the thinker's context: a longer prompt is refused by its characters at open,
+else by its token count before anything is sent on).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest, OmniError
 from omni.kernel.stage import Emit, Stage, StageContext
-from omni.models.qwen3_omni.request import chat_messages, check_voice, wants_audio
+from omni.kernel.registry import CHARS_PER_TOKEN
+from omni.models.qwen3_omni.request import chat_messages, check_voice, prompt_chars, wants_audio
 from omni.stages.threads import pin_torch_threads
 
 
@@ -39,6 +42,7 @@ class PreprocessStage(Stage):
         super().__init__(ctx)
         self.voices = list(ctx.args.get("voices") or [])
         self.max_batch = max(1, int(ctx.args.get("max_batch", 8)))
+        self.max_prompt_tokens = int(ctx.args.get("max_prompt_tokens") or 0)  # the thinker's context; 0 = unbounded
         self.requests: dict[str, _Request] = {}
         self.processed = 0
 
@@ -59,7 +63,13 @@ class PreprocessStage(Stage):
             raise InvalidRequest("this model (graph variant) does not produce audio; ask for modalities ['text']")
         if wants_audio(params) and self.voices:
             check_voice(params, self.voices)
-        self.requests[rid] = _Request(chat_messages(params))
+        messages = chat_messages(params)
+        if self.max_prompt_tokens:  # the cheap bound first: no tokenizer runs on a prompt that cannot fit
+            chars = prompt_chars(messages)
+            if chars > self.max_prompt_tokens * CHARS_PER_TOKEN:
+                raise InvalidRequest(f"the prompt has {chars} characters: more than the model's context of "
+                                     f"{self.max_prompt_tokens} tokens can hold")
+        self.requests[rid] = _Request(messages)
 
     def close_input(self, rid: str) -> None:
         if rid in self.requests:
@@ -93,6 +103,9 @@ class PreprocessStage(Stage):
         from omni.models.qwen3_omni.audio_encoder import default_pad_len
 
         inputs = self.pre(messages)
+        if self.max_prompt_tokens and len(inputs.input_ids) > self.max_prompt_tokens:
+            raise InvalidRequest(f"the prompt is {len(inputs.input_ids)} tokens; the model's context is "
+                                 f"{self.max_prompt_tokens} tokens")
         emits = []
         if inputs.audio_features:
             pad_len = default_pad_len([f.shape[1] for f in inputs.audio_features], self.pre.n_window)

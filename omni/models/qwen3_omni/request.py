@@ -34,6 +34,37 @@ def wants_audio(params: dict[str, Any]) -> bool:
     return modalities is None or "audio" in modalities
 
 
+def needs(params: dict[str, Any]) -> set[str]:
+    """The capabilities (graph.py's stage capabilities) a request needs, so it skips the stages of
+    the others: a text chat never touches the encoders or the talker. Anything not understood here
+    counts as needing everything."""
+    caps = {"audio_output"} if wants_audio(params) else set()
+    if params.get("task") == "transcribe":
+        caps.add("audio_input")
+    for message in params.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str) or content is None:
+            continue
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                continue
+            caps |= {"audio": {"audio_input"}, "image": {"image_input"}}.get(kind, {"audio_input", "image_input"})
+    return caps
+
+
+def prompt_chars(messages: list[dict[str, Any]]) -> int:
+    """Characters of text in chat messages (what a prompt's length bound counts first)."""
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(p.get("text") or "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return total
+
+
 def voice_of(params: dict[str, Any]) -> str | None:
     """The requested speaker (`voice`, or the lower-level `speaker`), lower-cased as the checkpoint keys are."""
     voice = params.get("voice") or params.get("speaker")

@@ -1,0 +1,77 @@
+"""Connections a client cannot hold hostage: header and body read timeouts, OpenAI-shaped protocol errors.
+
+aiohttp closes a connection that has not sent a whole request head within `keepalive_timeout` of
+opening (or of its last response), whatever trickles in meanwhile: that is the header timeout. The
+body is read by the routes, each under `read_body`'s timeout. Errors aiohttp answers itself, before
+any middleware runs (a malformed request line, a header over 8 KB), get the OpenAI error body too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_server import Server
+
+from omni.api.errors import ApiError, error_response
+
+LINGER_S = 1.0
+
+
+class _JsonErrorHandler(RequestHandler):
+    """aiohttp's per-connection protocol, rendering its own refusals as OpenAI error bodies."""
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # a response is under way: aiohttp cuts the connection
+            return super().handle_error(request, status, exc, message)
+        if isinstance(exc, LineTooLong):
+            err = ApiError(431, f"request header fields too large: {message or exc}", code="header_too_large")
+        elif status >= 500:
+            self.log_exception("Error handling request", exc_info=exc)
+            err = ApiError(500, "internal error", code="internal")
+        else:
+            err = ApiError(status, f"malformed HTTP request: {message or exc}", code="bad_http_request")
+        response = error_response(err)
+        response.force_close()
+        return response
+
+
+class _JsonErrorServer(Server):
+    def __call__(self) -> RequestHandler:
+        return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+
+
+class GuardedRunner(web.AppRunner):
+    """An AppRunner whose connections use `_JsonErrorHandler`; `header_timeout_s` bounds the request head."""
+
+    def __init__(self, app: web.Application, header_timeout_s: float, shutdown_timeout_s: float, **kwargs: Any) -> None:
+        # lingering: after an answer sent before the body was read, what still trickles in is
+        # read and ignored for at most this long (aiohttp's default is 10 s)
+        super().__init__(app, keepalive_timeout=header_timeout_s, shutdown_timeout=shutdown_timeout_s,
+                         lingering_time=LINGER_S, **kwargs)
+
+    async def _make_server(self) -> Server:
+        server = await super()._make_server()
+        server.__class__ = _JsonErrorServer  # same state, our protocol class (aiohttp has no hook for it)
+        return server
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body, or a 408 when it has not arrived within the server's body timeout."""
+    return await within_body_timeout(request, request.read())
+
+
+async def within_body_timeout(request: web.Request, reading):
+    """Await `reading` (a coroutine that reads the body) under the body timeout: a 408 past it."""
+    from omni.api.app import STATE
+
+    timeout_s = request.app[STATE].config.body_timeout_s
+    try:
+        return await asyncio.wait_for(reading, timeout_s)
+    except asyncio.TimeoutError:
+        err = ApiError(408, f"the request body did not arrive within {timeout_s:g} s", code="body_timeout")
+        raise err from None
