@@ -190,7 +190,7 @@ def model_applies_speed(state: ServerState) -> bool:
 
 def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language: str | None,
                       prompt: str | None, temperature: float | None, timestamps: bool = False,
-                      task: str = "transcribe") -> tuple[dict, float, ServedModel]:
+                      task: str = "transcribe", words: bool = False) -> tuple[dict, float, ServedModel]:
     """The params, the input's duration in seconds, and the served model that transcribes (or
     translates) it: the named one when it does, else any loaded model that does."""
     check_model(state, model, main_only=False)
@@ -208,4 +208,9 @@ def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language
         params["prompt"] = prompt
     if timestamps:
         params["timestamps"] = True
+    if words:
+        if served.info.family != "whisper":
+            raise bad_request(f"model {served.info.id!r} does not time words", param="timestamp_granularities[]",
+                              code="unsupported_value")
+        params["word_timestamps"] = True
     return params, len(pcm) / rate, served
