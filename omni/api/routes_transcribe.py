@@ -1,9 +1,10 @@
 """POST /v1/audio/transcriptions and /v1/audio/translations (speech in any language -> English text).
 
 Both take OpenAI's multipart form. Every field a client sends is served or refused with a 400 that
-names it: `stream=true` sends the text as SSE `transcript.text.delta` events (one per decoded
-window, in order) and a closing `transcript.text.done`; `timestamp_granularities[]` takes
+names it: `stream=true` sends the text as SSE `transcript.text.delta` events (in order, as
+it is decoded) and a closing `transcript.text.done`; `timestamp_granularities[]` takes
 `segment` and `word` (Whisper's words, aligned by cross-attention and DTW as transformers does);
+with stream=true a Whisper sends each window's text as it decodes;
 `verbose_json`
 carries each segment's real `avg_logprob`, `no_speech_prob` and `compression_ratio` when the model
 reports them (Whisper does), else null.
@@ -100,6 +101,8 @@ async def _serve(request: web.Request, task: str) -> web.StreamResponse:
     params, duration, served = transcribe_params(state, fields["model"], audio, language, fields.get("prompt"),
                                                  _temperature(fields), timestamps=fmt in ("verbose_json", "srt", "vtt"),
                                                  task=task, words="word" in granularities)
+    if stream:
+        params["stream"] = True  # a Whisper sends text as it decodes, not only per 30 s window
     route = TRANSLATE_ROUTE if task == "translate" else TRANSCRIBE_ROUTE
     timer = RequestTimer(state.metrics, route)
     async with KernelRequest(served.kernel, params, timer, None, state.config.request_timeout_s) as gen:

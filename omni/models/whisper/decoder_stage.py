@@ -11,6 +11,7 @@ At most `max_num_seqs` windows are in the engine at once (each holds its cross-a
 keys/values, ~8x its encoder output); the others wait as encoder outputs, oldest request first.
 
 Request params read: task ("transcribe" | "translate"), language (code, name or None),
+stream (bool: the head window's text is also sent as it decodes, `partial` chunks without token ids),
 timestamps (bool: segments with times, as verbose_json / srt / vtt need), word_timestamps (bool:
 "words" [{"word", "start", "end"}] per window, aligned by `alignment`), prompt (previous
 text), sampling[<stage name> | "thinker"] (temperature, max_tokens, seed, ...).
@@ -80,6 +81,8 @@ class _Request:
     completion_tokens: int = 0
     texts: list[str] = field(default_factory=list)
     words: bool = False  # word timestamps asked for (alignment.py)
+    stream: bool = False  # text as it is decoded: the head window's new text every step
+    partial: str = ""  # text of the head window already sent
 
 
 class WhisperDecoderStage(Stage):
@@ -136,7 +139,7 @@ class WhisperDecoderStage(Stage):
                                  "it cannot time words")
         self.requests[rid] = _Request(task, lang_id, bool(params.get("timestamps")) or words,
                                       prompt if isinstance(prompt, str) else None, SamplingParams.from_dict(sampling),
-                                      words=words)
+                                      words=words, stream=bool(params.get("stream")) and not params.get("timestamps"))
 
     def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
         req = self.requests.get(rid)
@@ -231,6 +234,7 @@ class WhisperDecoderStage(Stage):
         for out in self.engine.step():
             self.outputs.setdefault(out.rid, []).extend(out.new_token_ids)
             if not out.finished:
+                emits.extend(self._partial(out.rid))
                 continue
             seq_tokens = self.outputs.pop(out.rid)
             rid, _, part = out.rid.rpartition("/")
@@ -284,6 +288,24 @@ class WhisperDecoderStage(Stage):
         return words([self.text.decode([t]) for t, _ in text], [s for _, s in text],
                      window.offset_s + window.seek / FRAMES_PER_SECOND)
 
+    def _window_text(self, req: _Request, tokens: list[int]) -> str:
+        """A window's text as it joins the text before it."""
+        text = self.text.decode(tokens)
+        return join_texts([req.texts[-1], text])[len(req.texts[-1]):] if req.texts else text
+
+    def _partial(self, engine_rid: str) -> list[Emit]:
+        """With `stream`, the new text of the head window's first pass, while it decodes (never half
+        a character: text that ends in a replacement character waits for the next token)."""
+        rid, _, part = engine_rid.rpartition("/")
+        req = self.requests.get(rid)
+        if req is None or not req.stream or part != f"{req.emitted}:0":
+            return []
+        text = self._window_text(req, [t for t in self.outputs[engine_rid] if t != self.cfg.eot])
+        if text.endswith("\ufffd") or not text.startswith(req.partial) or len(text) == len(req.partial):
+            return []
+        delta, req.partial = text[len(req.partial):], text
+        return [Emit(rid, "text", {"text": delta, "token_ids": [], "window": req.emitted, "partial": True})]
+
     def _emit_done(self, rid: str) -> list[Emit]:
         req = self.requests.get(rid)
         if req is None:
@@ -292,11 +314,10 @@ class WhisperDecoderStage(Stage):
         while req.emitted in req.windows and req.windows[req.emitted].done and not req.windows[req.emitted].probes:
             window = req.windows.pop(req.emitted)
             tokens = window.tokens
-            text = self.text.decode(tokens)
-            if req.texts:
-                text = join_texts([req.texts[-1], text])[len(req.texts[-1]):]
+            text = self._window_text(req, tokens)
             req.texts.append(text)
-            data: dict[str, Any] = {"text": text, "token_ids": tokens, "window": req.emitted,
+            sent, req.partial = req.partial if text.startswith(req.partial) else "", ""  # streamed already
+            data: dict[str, Any] = {"text": text[len(sent):], "token_ids": tokens, "window": req.emitted,
                                     "language": self._language_code(req.language)}
             if req.timestamps:
                 data["segments"] = [seg for seek, kept, stats in window.passes
