@@ -132,7 +132,7 @@ def test_chat_params_follow_the_kernel_contract():
     assert params["sampling"] == {"thinker": {"temperature": 0, "top_p": 0.9, "max_tokens": 7, "seed": 3},
                                   "talker": {"temperature": 0.8, "top_k": 40}}
     system, user = params["messages"]
-    assert system == {"role": "system", "content": "be brief"}  # string content stays a string (the template decides)
+    assert system == {"role": "system", "content": "be brief"}  # a string stays one: the template decides (chat_template)
     text, audio, image = user["content"]
     assert text == {"type": "text", "text": "what is this"}
     assert audio["type"] == "audio" and audio["sample_rate"] == 16000

@@ -206,7 +206,8 @@ def test_streamed_transcription_is_sse_text_deltas(server, clips, alone):
                                                      stream=True))
     assert [e.type for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1) and len(events) >= 3
     assert events[-1].type == "transcript.text.done" and events[-1].text == alone[-1]
-    assert "".join(e.delta for e in events[:-1]).strip() == alone[-1]  # the 35 s clip: two windows, two deltas
+    assert "".join(e.delta for e in events[:-1]).strip() == alone[-1]  # the 35 s clip, streamed as decoded
+    assert len(events) > 20  # token by token, not one delta per 30 s window
     short = server.transcribe(wav_bytes(clips[0][0]), stream="true", response_format="text")
     assert short.headers["Content-Type"].startswith("text/event-stream") and "transcript.text.done" in short.text
     refused = server.transcribe(wav_bytes(clips[0][0]), stream="true", response_format="srt")
@@ -215,8 +216,8 @@ def test_streamed_transcription_is_sse_text_deltas(server, clips, alone):
 
 def test_unserved_transcription_fields_are_refused(server, clips):
     wav = wav_bytes(clips[0][0])
-    word = server.transcribe(wav, response_format="verbose_json", **{"timestamp_granularities[]": "word"})
-    assert word.status_code == 400 and "word" in word.json()["error"]["message"]
+    bad = server.transcribe(wav, response_format="verbose_json", **{"timestamp_granularities[]": "letter"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "timestamp_granularities[]"
     needs_verbose = server.transcribe(wav, **{"timestamp_granularities[]": "segment"})
     assert needs_verbose.status_code == 400 and "verbose_json" in needs_verbose.json()["error"]["message"]
     unknown = server.transcribe(wav, chunking_strategy="auto")
@@ -255,3 +256,31 @@ def test_verbose_json_statistics_are_transformers(server, clips, tiny_en):
     assert -1.0 < avg < 0.0 and no_speech < 0.2  # clear speech
     assert all(0.5 < s["compression_ratio"] < 2.4 for s in segments)  # openai-whisper flags > 2.4 as repetition
     assert all(s["temperature"] == 0.0 for s in segments)
+
+
+def test_word_timestamps_are_transformers(server, clips, tiny_en):
+    """timestamp_granularities[]=word: each word starts where transformers' token timestamps (cross-
+    attention of the alignment heads + DTW, `return_token_timestamps`) put its first token."""
+    import openai
+    from transformers import AutoProcessor, WhisperForConditionalGeneration
+
+    pcm = np.concatenate([clips[0][0][:16000 * 3], np.zeros(8000, np.float32)])  # one sentence
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    got = client.audio.transcriptions.create(model="whisper-1", file=("a.wav", wav_bytes(pcm), "audio/wav"),
+                                             response_format="verbose_json", timestamp_granularities=["word", "segment"])
+    proc = AutoProcessor.from_pretrained(tiny_en)
+    model = WhisperForConditionalGeneration.from_pretrained(tiny_en, dtype=torch.float32).eval()
+    feats = proc(pcm, sampling_rate=16000, return_tensors="pt").input_features
+    with torch.inference_mode():
+        out = model.generate(feats, max_new_tokens=100, return_timestamps=True, return_token_timestamps=True,
+                             num_frames=len(pcm) // 160, return_dict_in_generate=True)
+    eot = model.generation_config.eos_token_id
+    tokens = [(int(t), float(s)) for seg in out["segments"][0] for t, s in zip(seg["tokens"], seg["token_timestamps"])
+              if int(t) < eot]
+    starts = [s for t, s in tokens if proc.tokenizer.decode([t]).startswith(" ") or t == tokens[0][0]]
+    words = got.words
+    assert " ".join(w.word for w in words) == got.text.strip() and len(words) == len(starts) >= 5
+    assert [w.start for w in words] == pytest.approx(starts, abs=0.021)
+    assert all(w.start <= w.end <= got.duration for w in words)
+    assert all(a.end == b.start for a, b in zip(words, words[1:]))
+    assert got.segments and got.segments[0].avg_logprob < 0

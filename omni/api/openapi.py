@@ -50,8 +50,8 @@ _TRANSCRIBE_FORM = {
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
         "stream": {"type": "string", "enum": ["true", "false"],
                    "description": "SSE transcript.text.delta events, then transcript.text.done (json / text only)"},
-        "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["segment"]},
-                                      "description": "with verbose_json; 'word' is refused (not served yet)"},
+        "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["segment", "word"]},
+                                      "description": "with verbose_json: segments (default) and/or words"},
     },
 }
 

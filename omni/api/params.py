@@ -103,6 +103,19 @@ def refuse_unserved(req: ChatCompletionRequest) -> None:
                               param=name, code="unsupported_parameter")
 
 
+def logprobs_asked(state: ServerState, req: ChatCompletionRequest) -> int | None:
+    """How many alternatives each token's log-prob comes with (None: none asked); a 400 where the
+    model cannot report them or top_logprobs comes without logprobs (as OpenAI answers)."""
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs", code="invalid_value")
+    if not req.logprobs:
+        return None
+    if not state.info.extra.get("logprobs"):
+        raise bad_request(f"model {state.info.id!r} does not report log-probabilities", param="logprobs",
+                          code="unsupported_parameter")
+    return req.top_logprobs or 0
+
+
 async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
     check_model(state, req.model)
     refuse_unserved(req)
@@ -126,7 +139,8 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
     base = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
             "repetition_penalty": req.repetition_penalty, "presence_penalty": req.presence_penalty,
             "frequency_penalty": req.frequency_penalty, "logit_bias": _logit_bias(req.logit_bias), "seed": req.seed,
-            "max_tokens": req.max_completion_tokens or req.max_tokens, "ignore_eos": req.ignore_eos}
+            "max_tokens": req.max_completion_tokens or req.max_tokens, "ignore_eos": req.ignore_eos,
+            "logprobs": logprobs_asked(state, req)}
     base = {k: v for k, v in base.items() if v is not None}
     return {"task": "chat", "messages": messages, "modalities": modalities, "voice": voice,
             "sampling": stage_sampling(state, base, req.stage_sampling)}
@@ -177,7 +191,7 @@ def model_applies_speed(state: ServerState) -> bool:
 
 def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language: str | None,
                       prompt: str | None, temperature: float | None, timestamps: bool = False,
-                      task: str = "transcribe") -> tuple[dict, float, ServedModel]:
+                      task: str = "transcribe", words: bool = False) -> tuple[dict, float, ServedModel]:
     """The params, the input's duration in seconds, and the served model that transcribes (or
     translates) it: the named one when it does, else any loaded model that does."""
     check_model(state, model, main_only=False)
@@ -195,4 +209,9 @@ def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language
         params["prompt"] = prompt
     if timestamps:
         params["timestamps"] = True
+    if words:
+        if served.info.family != "whisper":
+            raise bad_request(f"model {served.info.id!r} does not time words", param="timestamp_granularities[]",
+                              code="unsupported_value")
+        params["word_timestamps"] = True
     return params, len(pcm) / rate, served

@@ -56,7 +56,8 @@ async def _whole(gen: KernelRequest, req: ChatCompletionRequest, meta: dict, wan
         message["audio"] = {"id": "audio_" + uuid.uuid4().hex, "data": base64.b64encode(data).decode(),
                             "format": fmt, "transcript": text, "expires_at": int(time.time()) + AUDIO_TTL_S}
     body = {**meta, "object": "chat.completion",
-            "choices": [{"index": 0, "message": message, "logprobs": None,
+            "choices": [{"index": 0, "message": message,
+                         "logprobs": {"content": out.logprobs, "refusal": None} if req.logprobs else None,
                          "finish_reason": out.finish.reason if out.finish else "stop"}],
             "usage": _usage(out.finish)}
     return web.json_response(body)
@@ -70,9 +71,10 @@ async def _stream(request: web.Request, gen: KernelRequest, req: ChatCompletionR
     expires_at = int(time.time()) + AUDIO_TTL_S
     encoder: StreamEncoder | None = None
 
-    def chunk(delta: dict, finish_reason: str | None = None) -> dict:
+    def chunk(delta: dict, finish_reason: str | None = None, logprobs: list | None = None) -> dict:
         body = {**meta, "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason,
+                             "logprobs": {"content": logprobs, "refusal": None} if logprobs else None}]}
         if include_usage:
             body["usage"] = None
         return body
@@ -83,11 +85,11 @@ async def _stream(request: web.Request, gen: KernelRequest, req: ChatCompletionR
             if not sse.started:  # opened on the first piece, so earlier failures keep their HTTP status
                 await sse.send(chunk({"role": "assistant", "content": ""}))
             if isinstance(piece, TextPiece):
-                if piece.text:
+                if piece.text or (req.logprobs and piece.logprobs):
                     delta: dict = {"content": piece.text}
                     if wants_audio:
                         delta["audio"] = {"id": audio_id, "transcript": piece.text, "expires_at": expires_at}
-                    await sse.send(chunk(delta))
+                    await sse.send(chunk(delta, logprobs=piece.logprobs if req.logprobs else None))
             elif isinstance(piece, AudioPiece):
                 if encoder is None:
                     encoder = StreamEncoder("pcm16", piece.sample_rate)

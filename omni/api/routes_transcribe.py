@@ -1,9 +1,11 @@
 """POST /v1/audio/transcriptions and /v1/audio/translations (speech in any language -> English text).
 
 Both take OpenAI's multipart form. Every field a client sends is served or refused with a 400 that
-names it: `stream=true` sends the text as SSE `transcript.text.delta` events (one per decoded
-window, in order) and a closing `transcript.text.done`; `timestamp_granularities[]` takes
-`segment` (word timings are refused: omni's Whisper does not align words yet); `verbose_json`
+names it: `stream=true` sends the text as SSE `transcript.text.delta` events (in order, as
+it is decoded) and a closing `transcript.text.done`; `timestamp_granularities[]` takes
+`segment` and `word` (Whisper's words, aligned by cross-attention and DTW as transformers does);
+with stream=true a Whisper sends each window's text as it decodes;
+`verbose_json`
 carries each segment's real `avg_logprob`, `no_speech_prob` and `compression_ratio` when the model
 reports them (Whisper does), else null.
 """
@@ -28,7 +30,7 @@ TRANSCRIBE_ROUTE = "/v1/audio/transcriptions"
 TRANSLATE_ROUTE = "/v1/audio/translations"
 _FIELDS = {"file", "model", "prompt", "response_format", "temperature", "stream", "timestamp_granularities[]"}
 FIELDS = {"transcribe": _FIELDS | {"language"}, "translate": _FIELDS}
-GRANULARITIES = ("segment",)
+GRANULARITIES = ("segment", "word")
 _SEGMENT_STATS = ("avg_logprob", "compression_ratio", "no_speech_prob")
 
 
@@ -67,11 +69,8 @@ def _check_fields(fields: dict, task: str, fmt: str, stream: bool) -> None:
                           param="response_format", code="invalid_value")
     granularities = fields.get("timestamp_granularities[]") or []
     for g in granularities:
-        if g == "word":
-            raise bad_request("timestamp_granularities[] 'word' is not served yet (word alignment); use 'segment'",
-                              param="timestamp_granularities[]", code="unsupported_value")
         if g not in GRANULARITIES:
-            raise bad_request(f"timestamp_granularities[] takes 'segment', got {g!r}",
+            raise bad_request(f"timestamp_granularities[] takes 'segment' or 'word', got {g!r}",
                               param="timestamp_granularities[]", code="invalid_value")
     if granularities and fmt != "verbose_json":
         raise bad_request("timestamp_granularities[] needs response_format 'verbose_json'",
@@ -102,16 +101,19 @@ async def _serve(request: web.Request, task: str) -> web.StreamResponse:
     stream = _flag(fields, "stream")
     _check_fields(fields, task, fmt, stream)
     language = fields.get("language") or None
+    granularities = fields.get("timestamp_granularities[]") or ["segment"]
     params, duration, served = await off_loop(partial(  # decoding runs off the event loop
         transcribe_params, state, fields["model"], audio, language, fields.get("prompt"), _temperature(fields),
-        timestamps=fmt in ("verbose_json", "srt", "vtt"), task=task))
+        timestamps=fmt in ("verbose_json", "srt", "vtt"), task=task, words="word" in granularities))
+    if stream:
+        params["stream"] = True  # a Whisper sends text as it decodes, not only per 30 s window
     route = TRANSLATE_ROUTE if task == "translate" else TRANSCRIBE_ROUTE
     timer = RequestTimer(state.metrics, route)
     async with KernelRequest(served.kernel, params, timer, None, state.config.request_timeout_s) as gen:
         if stream:
             return await _stream(request, gen, duration)
         out = await gen.collect()
-    return _whole(out, fmt, task, language, duration)
+    return _whole(out, fmt, task, language, duration, granularities)
 
 
 async def _stream(request: web.Request, gen: KernelRequest, duration: float) -> web.StreamResponse:
@@ -138,7 +140,8 @@ async def _stream(request: web.Request, gen: KernelRequest, duration: float) -> 
     return await sse.done(marker=False)
 
 
-def _whole(out, fmt: str, task: str, language: str | None, duration: float) -> web.Response:
+def _whole(out, fmt: str, task: str, language: str | None, duration: float, granularities: list[str]
+           ) -> web.Response:
     text = "".join(out.text).strip()
     if fmt == "text":
         return web.Response(text=text, content_type="text/plain")
@@ -155,7 +158,12 @@ def _whole(out, fmt: str, task: str, language: str | None, duration: float) -> w
         rows = [{"id": i, "seek": s.get("seek", 0), "start": s["start"], "end": s["end"], "text": s["text"],
                  "tokens": list(s.get("tokens", ())), "temperature": s.get("temperature", 0.0),
                  **{k: s.get(k) for k in _SEGMENT_STATS}} for i, s in enumerate(segments)]
-        return web.json_response({"task": "translate" if task == "translate" else "transcribe",
-                                  "language": out.language or language or "unknown", "duration": duration,
-                                  "text": text, "segments": rows, "usage": {"type": "duration", "seconds": duration}})
+        body = {"task": "translate" if task == "translate" else "transcribe",
+                "language": out.language or language or "unknown", "duration": duration, "text": text,
+                "usage": {"type": "duration", "seconds": duration}}
+        if "segment" in granularities:
+            body["segments"] = rows
+        if "word" in granularities:
+            body["words"] = [{**w, "end": min(w["end"], duration)} for w in out.words]
+        return web.json_response(body)
     return web.json_response({"text": text, "usage": {"type": "duration", "seconds": duration}})

@@ -32,6 +32,7 @@ from omni.models.qwen3_omni.thinker import Qwen3OmniThinker
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.detokenizer import TextStream, load_tokenizer
 from omni.stages.ar.engine import StepOutput
+from omni.stages.ar.logprobs import describe
 from omni.stages.ar.stage import ARStage, copy_input
 
 
@@ -121,6 +122,8 @@ class ThinkerStage(ARStage):
                 else:
                     text = stream.push(ids)
                     emit.data["text"] = text + stream.flush() if out.finished else text
+                    if out.logprobs:  # OpenAI's entries, token text included
+                        emit.data["logprobs"] = describe(self.tokenizer, out.logprobs)
             if emit.finish:
                 usage = {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": len(stream.ids)}
                 emit.end_meta = {"finish_reason": out.finish_reason, "usage": usage}

@@ -11,7 +11,9 @@ At most `max_num_seqs` windows are in the engine at once (each holds its cross-a
 keys/values, ~8x its encoder output); the others wait as encoder outputs, oldest request first.
 
 Request params read: task ("transcribe" | "translate"), language (code, name or None),
-timestamps (bool: segments with times, as verbose_json / srt / vtt need), prompt (previous
+stream (bool: the head window's text is also sent as it decodes, `partial` chunks without token ids),
+timestamps (bool: segments with times, as verbose_json / srt / vtt need), word_timestamps (bool:
+"words" [{"word", "start", "end"}] per window, aligned by `alignment`), prompt (previous
 text), sampling[<stage name> | "thinker"] (temperature, max_tokens, seed, ...).
 """
 
@@ -24,6 +26,7 @@ import torch
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
+from omni.models.whisper.alignment import alignment_heads, alignment_weights, token_times, words
 from omni.models.whisper.config import WhisperConfig
 from omni.models.whisper.decoder import WhisperDecoder
 from omni.models.whisper.encoder_stage import WhisperBatchEncoder
@@ -52,6 +55,9 @@ class _Window:
     passes: list[tuple[int, list[int], DecodeStats | None]] = field(default_factory=list)  # (seek, kept, stats)
     stats: DecodeStats | None = None  # the pass in the engine's (with timestamps: verbose_json reports them)
     probes: int = 0  # no-speech probes of this window still in the engine
+    memory: torch.Tensor | None = None  # word timestamps: the pass's encoder output and prompt, to align on
+    prompt: list[int] = field(default_factory=list)
+    words: list[dict] = field(default_factory=list)
     done: bool = False
 
     @property
@@ -74,6 +80,9 @@ class _Request:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     texts: list[str] = field(default_factory=list)
+    words: bool = False  # word timestamps asked for (alignment.py)
+    stream: bool = False  # text as it is decoded: the head window's new text every step
+    partial: str = ""  # text of the head window already sent
 
 
 class WhisperDecoderStage(Stage):
@@ -92,6 +101,7 @@ class WhisperDecoderStage(Stage):
         model_dir = args["model_dir"]
         self.cfg = WhisperConfig.from_dir(model_dir)
         self.text = WhisperText(model_dir, self.cfg)
+        self.alignment_heads = alignment_heads(model_dir)
         dtype = getattr(torch, args.get("dtype", "float32"))
         model = WhisperDecoder.from_pretrained(model_dir, self.cfg, dtype, self.ctx.device)
         max_len = self.cfg.max_target_positions
@@ -123,8 +133,13 @@ class WhisperDecoderStage(Stage):
             sampling.update((params.get("sampling") or {}).get(key) or {})
         sampling.setdefault("max_tokens", cfg.max_target_positions // 2)
         prompt = params.get("prompt")
-        self.requests[rid] = _Request(task, lang_id, bool(params.get("timestamps")),
-                                      prompt if isinstance(prompt, str) else None, SamplingParams.from_dict(sampling))
+        words = bool(params.get("word_timestamps"))
+        if words and not self.alignment_heads:
+            raise InvalidRequest("this Whisper checkpoint names no alignment heads (generation_config.json): "
+                                 "it cannot time words")
+        self.requests[rid] = _Request(task, lang_id, bool(params.get("timestamps")) or words,
+                                      prompt if isinstance(prompt, str) else None, SamplingParams.from_dict(sampling),
+                                      words=words, stream=bool(params.get("stream")) and not params.get("timestamps"))
 
     def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
         req = self.requests.get(rid)
@@ -184,6 +199,8 @@ class WhisperDecoderStage(Stage):
                     if window.stats.no_speech is None:
                         self._probe(rid, req, window, prompt, engine_rid)
                 self.engine.add_request(engine_rid, prompt, params, inputs=inputs)
+                if req.words:
+                    window.memory, window.prompt = window.encoder_out, prompt
                 window.encoder_out = None  # the engine holds its cross keys/values now
                 req.live.add(engine_rid)
                 req.prompt_tokens += len(prompt)
@@ -217,6 +234,7 @@ class WhisperDecoderStage(Stage):
         for out in self.engine.step():
             self.outputs.setdefault(out.rid, []).extend(out.new_token_ids)
             if not out.finished:
+                emits.extend(self._partial(out.rid))
                 continue
             seq_tokens = self.outputs.pop(out.rid)
             rid, _, part = out.rid.rpartition("/")
@@ -248,6 +266,9 @@ class WhisperDecoderStage(Stage):
         tokens = [t for t in tokens if t != self.cfg.eot]
         keep, frames = cut(tokens, self.cfg.timestamp_begin) if req.timestamps else (len(tokens), None)
         window.passes.append((window.seek, tokens[:keep], window.stats))
+        if req.words and window.memory is not None:
+            window.words += self._words(window, tokens, keep)
+            window.memory = None
         if window.stats is not None:  # the average is over the whole pass (openai-whisper's), kept or not
             window.stats.finish(len(tokens))
         if frames is None or window.mel is None or window.seek + frames >= WINDOW_FRAMES:
@@ -259,6 +280,32 @@ class WhisperDecoderStage(Stage):
                                                     self.ctx.args.get("dtype", "float32"))
         window.encoder_out = self.seek_encoder.encode_mel(shifted_mel(window.mel, window.seek)[None])[0]
 
+    def _words(self, window: _Window, tokens: list[int], keep: int) -> list[dict]:
+        """The kept text tokens of a pass, grouped into timed words (alignment.py)."""
+        weights = alignment_weights(self.engine.model.net, window.memory, window.prompt + tokens, self.alignment_heads)
+        times = token_times(weights, len(window.prompt), int(round(window.duration_s * FRAMES_PER_SECOND)) - window.seek)
+        text = [(t, times[i]) for i, t in enumerate(tokens[:keep]) if t < self.cfg.eot and i < len(times)]
+        return words([self.text.decode([t]) for t, _ in text], [s for _, s in text],
+                     window.offset_s + window.seek / FRAMES_PER_SECOND)
+
+    def _window_text(self, req: _Request, tokens: list[int]) -> str:
+        """A window's text as it joins the text before it."""
+        text = self.text.decode(tokens)
+        return join_texts([req.texts[-1], text])[len(req.texts[-1]):] if req.texts else text
+
+    def _partial(self, engine_rid: str) -> list[Emit]:
+        """With `stream`, the new text of the head window's first pass, while it decodes (never half
+        a character: text that ends in a replacement character waits for the next token)."""
+        rid, _, part = engine_rid.rpartition("/")
+        req = self.requests.get(rid)
+        if req is None or not req.stream or part != f"{req.emitted}:0":
+            return []
+        text = self._window_text(req, [t for t in self.outputs[engine_rid] if t != self.cfg.eot])
+        if text.endswith("\ufffd") or not text.startswith(req.partial) or len(text) == len(req.partial):
+            return []
+        delta, req.partial = text[len(req.partial):], text
+        return [Emit(rid, "text", {"text": delta, "token_ids": [], "window": req.emitted, "partial": True})]
+
     def _emit_done(self, rid: str) -> list[Emit]:
         req = self.requests.get(rid)
         if req is None:
@@ -267,15 +314,16 @@ class WhisperDecoderStage(Stage):
         while req.emitted in req.windows and req.windows[req.emitted].done and not req.windows[req.emitted].probes:
             window = req.windows.pop(req.emitted)
             tokens = window.tokens
-            text = self.text.decode(tokens)
-            if req.texts:
-                text = join_texts([req.texts[-1], text])[len(req.texts[-1]):]
+            text = self._window_text(req, tokens)
             req.texts.append(text)
-            data: dict[str, Any] = {"text": text, "token_ids": tokens, "window": req.emitted,
+            sent, req.partial = req.partial if text.startswith(req.partial) else "", ""  # streamed already
+            data: dict[str, Any] = {"text": text[len(sent):], "token_ids": tokens, "window": req.emitted,
                                     "language": self._language_code(req.language)}
             if req.timestamps:
                 data["segments"] = [seg for seek, kept, stats in window.passes
                                     for seg in self._segments(req, window, seek, kept, stats)]
+            if req.words:
+                data["words"] = window.words
             emits.append(Emit(rid, "text", data))
             req.emitted += 1
         if req.num_windows is not None and req.emitted >= req.num_windows:

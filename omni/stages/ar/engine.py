@@ -17,6 +17,7 @@ from omni.kernel.errors import InvalidRequest
 from omni.stages.ar.attention import allocate_kv_cache
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.cuda_graphs import DecodeGraphs
+from omni.stages.ar.logprobs import gather_logprobs
 from omni.stages.ar.model_api import ARModel
 from omni.stages.ar.runner import ModelRunner
 from omni.stages.ar.sampler import Sampler
@@ -52,6 +53,7 @@ class StepOutput:
     extra: dict[str, Any] | None = None  # from ARModel.after_sample
     error: str | None = None  # the engine failed this request (non-finite logits, an SGLang-side error); it is over
     error_kind: str | None = None  # omni.kernel.errors kind (None: a stage failure)
+    logprobs: list | None = None  # per new token, when the request asked (logprobs.Entry)
 
 
 class AREngine:
@@ -177,12 +179,13 @@ class AREngine:
             else:
                 hidden = out.hidden[torch.tensor(rows, device=out.hidden.device)]
             seqs = [s.seq for s in sampling]
-            tokens = out.tokens
+            tokens, logits = out.tokens, None
             if tokens is None:  # sampled here unless the decode graph already did
-                tokens = self.sampler.sample(self.runner.logits(hidden), self.sampler.slots_of(seqs),
-                                             self.sampler.mode_for(seqs), seqs)
+                logits = self.runner.logits(hidden)
+                tokens = self.sampler.sample(logits, self.sampler.slots_of(seqs), self.sampler.mode_for(seqs), seqs)
             extras = self.model.after_sample(seqs, tokens, hidden)
             token_ids = tokens.tolist()  # the step's one host sync
+            entries = self._logprobs(seqs, hidden, logits, token_ids)
 
         results: dict[str, StepOutput] = {}
         for span in batch.spans:
@@ -205,10 +208,23 @@ class AREngine:
                 res.error = "the model's output was not finite for this request (NaN or inf logits): check its inputs"
                 continue
             res.new_token_ids = [token_ids[i]]
+            if entries is not None and entries[i] is not None:
+                res.logprobs = [entries[i]]
             if extras is not None:
                 res.extra = extras[i]
             self._append_token(span.seq, token_ids[i], res)
         return list(results.values())
+
+    def _logprobs(self, seqs: list[Sequence], hidden: torch.Tensor, logits: torch.Tensor | None,
+                  token_ids: list[int]) -> list | None:
+        """Each chosen token's log-prob (and alternatives) for the rows that asked (logprobs.py);
+        after a graph-sampled step the logits stayed inside the graph: they are made again here."""
+        tops = [s.params.logprobs for s in seqs]
+        if all(k is None for k in tops):
+            return None
+        if logits is None:
+            logits = self.runner.logits(hidden)
+        return gather_logprobs(logits, [max(t, 0) for t in token_ids], tops)
 
     def _append_token(self, seq: Sequence, token: int, res: StepOutput) -> None:
         seq.output_token_ids.append(token)

@@ -40,6 +40,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # always stop (the stop token is returned)
     ignore_eos: bool = False  # do not stop on the engine's EOS ids
     suppress_token_ids: tuple[int, ...] = ()  # never sampled
+    logprobs: int | None = None  # report each sampled token's log-prob and this many alternatives (logprobs.py)
 
     def __post_init__(self) -> None:
         self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
@@ -64,6 +65,8 @@ class SamplingParams:
             raise InvalidRequest(f"min_p must be in [0, 1], got {self.min_p}")
         if self.repetition_penalty <= 0:
             raise InvalidRequest(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise InvalidRequest(f"logprobs must be within [0, 20], got {self.logprobs}")
         if self.max_tokens < 1:
             raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
 

@@ -246,6 +246,8 @@ class ARStage(Stage):
                 data["finish_reason"] = out.finish_reason
             if out.extra:
                 data.update(out.extra)
+            if out.logprobs:
+                data["logprobs"] = [[t, lp, [list(a) for a in top]] for t, lp, top in out.logprobs]
             emits.append(Emit(out.rid, self.text_port, data))
         if out.finished:
             emits.append(Emit(out.rid, finish=True))
