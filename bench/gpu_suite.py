@@ -75,6 +75,7 @@ class Suite:
         self.gpu: str | None = None
         self.url = ""
         self.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+        self.probes: list[dict] = []
         self.cold = [int(c) for c in args.cold.split(",") if c.strip()]
         self.greedy = [int(c) for c in args.greedy_levels.split(",") if c.strip()]
 
@@ -212,8 +213,41 @@ class Suite:
         """Names of the phases whose JSON holds measured levels (cold, warm, greedy; not the warm-ups)."""
         return [name for name, _, _ in self.plan() if "prewarm" not in name]
 
+    def stage_clocks(self) -> dict[str, list[float]]:
+        """{stage: [steps, step seconds]} from omnid's /metrics (the stage drivers' clocks)."""
+        clocks: dict[str, list[float]] = {}
+        try:
+            with urllib.request.urlopen(self.url + "/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except Exception:  # metrics are a nice-to-have
+            return clocks
+        for line in text.splitlines():
+            for i, metric in enumerate(("omni_stage_steps{", "omni_stage_step_seconds{")):
+                if line.startswith(metric) and 'stage="' in line:
+                    stage = line.split('stage="', 1)[1].split('"', 1)[0]
+                    clocks.setdefault(stage, [0.0, 0.0])[i] = float(line.rsplit(" ", 1)[1])
+        return clocks
+
+    def probe_first(self) -> None:
+        """The fresh server's first requests one at a time, with each stage's step seconds per
+        request (where a cold request's time goes); before every other phase."""
+        for i in range(self.args.probe_first):
+            before = self.stage_clocks()
+            name = f"serve_probe_{i}"
+            self.run(name, self.serve_cmd(name, "1", 1, 0, self.args.max_tokens, self.args.audio_tokens, "probe"),
+                     self.limit(60.0))
+            after = self.stage_clocks()
+            row = read_json(self.out / f"{name}.json") or {}
+            level = (row.get("levels") or [{}])[0]
+            self.probes.append({"request": i, "ttfa_ms": level.get("ttfa_ms", {}).get("p50"),
+                                "e2e_ms": level.get("e2e_ms", {}).get("p50"),
+                                "stage_seconds": {k: round(v[1] - before.get(k, [0, 0])[1], 4) for k, v in after.items()},
+                                "stage_steps": {k: int(v[0] - before.get(k, [0, 0])[0]) for k, v in after.items()}})
+            say(f"[{self.elapsed()}] probe {i}: {json.dumps(self.probes[-1])}")
+
     def serve_all(self) -> None:
         reserve = (0.0 if self.args.no_hf else self.args.hf_reserve_s) + self.args.stop_limit_s
+        self.probe_first()
         for name, cmd, want in self.plan():
             limit = self.limit(want, reserve)  # no new request past 60 % of it: the level's rows survive
             self.run(name, cmd + ["--level-deadline-s", f"{0.6 * limit:.1f}"], limit)
@@ -238,6 +272,7 @@ class Suite:
                             "greedy rows: temperature 0 for text and talker"},
                "omnid_sets": self.omnid_sets(), "omnid_args": list(self.args.omnid_arg), "phases": self.phases,
                "commands": self.commands, "comparison": comparison(omni, hf), "cold_vs_warm": cold_vs_warm(omni),
+               "cold_probe": self.probes,
                "omni": omni, "hf": hf}
         if omni or hf:
             try:
@@ -289,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-blocks", type=int, default=1024, help="KV blocks of thinker and talker (16 tokens each)")
     ap.add_argument("--thinker-attention", default="triton", choices=("torch", "triton"))
     ap.add_argument("--no-prewarm", dest="prewarm", action="store_false")
+    ap.add_argument("--probe-first", type=int, default=0, metavar="N",
+                    help="first N requests one at a time with per-stage step seconds (before the cold levels)")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--set", dest="extra_set", action="append", default=[], metavar="STAGE.FIELD=VALUE",
                     help="more omnid overrides, e.g. thinker.args.backend=sglang")

@@ -375,9 +375,10 @@ def test_gpu_suite_scaled_end_to_end_on_cpu(tmp_path):
     warm-up, one bench/serve.py run per level, omnid stopped, transformers baseline, the report."""
     import gpu_suite
 
-    rep = gpu_suite.main(["--scaled", "--out-dir", str(tmp_path), "--hf-requests", "1", "--budget-s", "260"])
+    rep = gpu_suite.main(["--scaled", "--out-dir", str(tmp_path), "--hf-requests", "1", "--budget-s", "260",
+                          "--probe-first", "1"])
     assert [(p["name"], p["status"]) for p in rep["phases"]] == [
-        ("omnid_start", "ok"), ("serve_cold_c1", "ok"), ("serve_prewarm", "ok"), ("serve_c1", "ok"),
+        ("omnid_start", "ok"), ("serve_probe_0", "ok"), ("serve_cold_c1", "ok"), ("serve_prewarm", "ok"), ("serve_c1", "ok"),
         ("serve_c2", "ok"), ("serve_prewarm_greedy", "ok"), ("serve_greedy_c1", "ok"),
         ("omnid_stop", "stopped (rc 0)"), ("hf_baseline", "ok")]
     assert [(r["phase"], r["concurrency"]) for r in rep["comparison"]] == [
@@ -391,5 +392,7 @@ def test_gpu_suite_scaled_end_to_end_on_cpu(tmp_path):
     md = (tmp_path / "suite.md").read_text()
     assert (tmp_path / "omni_vs_hf.png").stat().st_size > 1000 and "speedup" in md and "| cold | 1 |" in md
     serve_cmds = [c for c in rep["commands"] if "bench/serve.py" in c]
-    assert len(serve_cmds) == 6 and sum("--greedy" in c for c in serve_cmds) == 2
+    assert len(serve_cmds) == 7 and sum("--greedy" in c for c in serve_cmds) == 2
+    probe = rep["cold_probe"][0]  # the first request's time per stage, from the stage clocks
+    assert probe["ttfa_ms"] > 0 and probe["stage_steps"]["thinker.0"] >= 1 and probe["stage_seconds"]["talker.0"] > 0
     assert not any("--temperature" in c for c in serve_cmds)
