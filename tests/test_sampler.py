@@ -216,3 +216,25 @@ def test_bad_sampling_params_are_refused():
                 dict(logit_bias={3: float("inf")}), dict(presence_penalty=float("inf"))):
         with pytest.raises(InvalidRequest):
             SamplingParams(**bad)
+
+
+def test_modes_the_engine_picks_and_greedy_mode_agrees():
+    big = Sampler(40000, 3, "cpu")
+    small = Sampler(V, 3, "cpu")
+    greedy = [_seq("g", [1], [], temperature=0.0, repetition_penalty=1.3)]
+    plain = greedy + [_seq("p", [1], [], temperature=1.0)]
+    filtered = plain + [_seq("f", [1], [], temperature=1.0, top_p=0.9)]
+    assert [big.mode_for(s) for s in (greedy, plain, filtered)] == [SampleMode.GREEDY, SampleMode.SAMPLE,
+                                                                     SampleMode.FILTER]
+    # graph keys take only the modes captured at start-up
+    assert [big.mode_for(s, graph=True) for s in (greedy, plain, filtered)] == [SampleMode.SAMPLE, SampleMode.SAMPLE,
+                                                                                SampleMode.FILTER]
+    assert {small.mode_for(s, graph=True) for s in (greedy, plain, filtered)} == {SampleMode.FILTER}
+    logits = torch.randn(1, V, generator=torch.Generator().manual_seed(5))
+    outs = set()
+    for mode in SampleMode:  # a fresh slot each time: `sample` counts its draw into the slot
+        sampler = Sampler(V, 1, "cpu")
+        seq = _seq("a", [1, 2, 3], [4, 4], temperature=0.0, repetition_penalty=1.3)
+        sampler.assign(seq)
+        outs.add(tuple(sampler.sample(logits, sampler.slots_of([seq]), mode, [seq]).tolist()))
+    assert len(outs) == 1

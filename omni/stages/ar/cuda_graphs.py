@@ -191,7 +191,7 @@ class DecodeGraphs:
                 "graph_capture_seconds": round(self.capture_seconds, 3)}
 
     def _mode(self, seqs: list) -> SampleMode | None:
-        return None if self.sampler is None else self.sampler.mode_for(seqs)
+        return None if self.sampler is None else self.sampler.mode_for(seqs, graph=True)
 
     def _sample_slots(self, seqs: list) -> list[int]:
         if self.sampler is None:

@@ -39,6 +39,7 @@ SMALL_VOCAB = 32768  # at or below: every batch takes the full path (its sort is
 class SampleMode(enum.IntEnum):
     """How much of the pipeline a batch needs (a CUDA-graph key): filters need one sort."""
 
+    GREEDY = 0  # every row greedy: penalties, bias, argmax (eager steps only: graphs use SAMPLE)
     SAMPLE = 1  # penalties, bias, greedy rows, temperature, min-p, draw
     FILTER = 2  # ... and top-k / top-p
 
@@ -229,11 +230,15 @@ class Sampler:
                 self._ids_cache[ids] = cached
         return cached
 
-    def mode_for(self, seqs: "list[Sequence]") -> SampleMode:
-        if self.vocab_size <= SMALL_VOCAB:
+    def mode_for(self, seqs: "list[Sequence]", graph: bool = False) -> SampleMode:
+        """The least of the pipeline these rows need; for a graph key (`graph`) one of the modes
+        captured at start-up (a small vocabulary always takes FILTER there: its sort is cheap)."""
+        if graph and self.vocab_size <= SMALL_VOCAB:
             return SampleMode.FILTER
         if any(s.params.top_k > 0 or s.params.top_p < 1.0 for s in seqs):
             return SampleMode.FILTER
+        if not graph and all(s.params.greedy for s in seqs):
+            return SampleMode.GREEDY
         return SampleMode.SAMPLE
 
     def slots_of(self, seqs: "list[Sequence]") -> torch.Tensor:
@@ -251,17 +256,28 @@ class Sampler:
         for processor in self.processors:
             x = processor(x, slots, seqs)
         rows = RowParams(f[:, 0], i[:, 0], f[:, 1], f[:, 2], i[:, 1], i[:, 2])
-        return x, warp(x, rows, mode), rows
+        return x, (x if mode == SampleMode.GREEDY else warp(x, rows, mode)), rows
 
     def sample(self, logits: torch.Tensor, slots: torch.Tensor, mode: SampleMode,
                seqs: "list[Sequence] | None" = None) -> torch.Tensor:
         """[B, V] logits of the rows in `slots` -> [B] token ids (-1 for a row whose logits are
         not finite). Counts each drawn token into its slot. Graph-safe when every processor is."""
         logits = logits.float()
+        if mode == SampleMode.GREEDY and seqs is not None and all(s.params.neutral for s in seqs):
+            return self._plain_argmax(logits, slots, seqs)  # eager greedy rows with nothing to apply
         x, warped, rows = self.process(logits, slots, mode, seqs)
-        tokens = draw(x, warped, rows, self.vocab_ids)
+        tokens = x.argmax(-1) if mode == SampleMode.GREEDY else draw(x, warped, rows, self.vocab_ids)
         tokens = torch.where(nonfinite_rows(logits), torch.full_like(tokens, -1), tokens)
         ones = torch.ones_like(tokens, dtype=torch.float32)
         self.counts.index_put_((slots, tokens.clamp_min(0)), ones, accumulate=True)
         self.iparams[:, 2].index_put_((slots,), torch.ones_like(tokens), accumulate=True)
         return tokens
+
+    def _plain_argmax(self, logits: torch.Tensor, slots: torch.Tensor, seqs: "list[Sequence]") -> torch.Tensor:
+        """Greedy rows without penalties or bias: the processors, then argmax. Their slots' counts
+        are left alone (nothing reads them; a slot is rebuilt from the host state when needed)."""
+        x = logits
+        for processor in self.processors:
+            x = processor(x, slots, seqs)
+        tokens = x.argmax(-1)
+        return torch.where(nonfinite_rows(logits), torch.full_like(tokens, -1), tokens)

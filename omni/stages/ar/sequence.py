@@ -74,6 +74,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def neutral(self) -> bool:
+        """No penalty, bias or suppressed id: the logits go to the draw as the model made them."""
+        return (self.repetition_penalty == 1.0 and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0
+                and not self.logit_bias and not self.suppress_token_ids)
+
     @classmethod
     def from_dict(cls, params: dict[str, Any]) -> "SamplingParams":
         """Read the known keys of a request's params (unknown keys are ignored)."""
