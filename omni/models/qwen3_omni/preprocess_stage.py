@@ -51,6 +51,7 @@ class PreprocessStage(Stage):
 
         pin_torch_threads(self.ctx.args)
         self.pre = Preprocessor(self.ctx.args["model_dir"])
+        self.pre([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])  # the template compiles once, here
 
     # ---- requests -------------------------------------------------------------------
     def open(self, rid: str, params: dict[str, Any]) -> None:
