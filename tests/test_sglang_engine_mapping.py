@@ -136,6 +136,8 @@ def test_sampling_mapping_and_limits(fake_sglang):
             sglang_backend.sglang_sampling(SamplingParams(repetition_penalty=1.2, penalty_includes_prompt=False), 8)
         with pytest.raises(sglang_backend.InvalidRequest, match="no room"):
             eng.add_request("long", list(range(16)), SamplingParams(max_tokens=4))
+        with pytest.raises(sglang_backend.InvalidRequest, match="logprobs"):  # refused, never answered without
+            eng.add_request("lp", [1, 2], SamplingParams(max_tokens=4, logprobs=2))
         with pytest.raises(sglang_backend.InvalidRequest, match="token prompts only"):
             eng.add_request("mm", [1, 2], SamplingParams(max_tokens=4), inputs={"audio_embeds": [1]})
         eng.add_request("cap", list(range(10)), SamplingParams(temperature=0.0, max_tokens=50))

@@ -155,6 +155,8 @@ class SGLangEngine:
         if room < 1:
             raise InvalidRequest(f"prompt of {len(prompt)} tokens leaves no room in max_model_len {self.config.max_model_len}")
         params = params or SamplingParams()
+        if params.logprobs is not None:  # refused, not answered without them
+            raise InvalidRequest("logprobs: the sglang backend does not report them yet (the built-in engine does)")
         sampling = sglang_sampling(params, room)
         if self.config.eos_token_ids and not params.ignore_eos:
             sampling["stop_token_ids"] = sorted(set(sampling["stop_token_ids"]) | set(self.config.eos_token_ids))
