@@ -108,8 +108,8 @@ def test_tokens_and_taps_match_positions(fake_sglang):
         assert all(not o.taps for o in outs["b"])
         rows = [o for o in outs["a"] if o.taps]
         assert rows[0].tap_start == 0 and rows[0].taps[0].shape == (6, 1)  # the prompt's rows come whole
-        starts = [o.tap_start for o in rows]
-        assert starts == sorted(starts) and starts[1:] == [6 + i for i in range(len(starts) - 1)]
+        # contiguous rows; a loaded machine may drain several of SGLang's chunks in one step
+        assert all(b.tap_start == a.tap_start + len(a.tap_token_ids) for a, b in zip(rows, rows[1:]))
         pos0 = [float(v) for o in rows for v in o.taps[0][:, 0]]
         pos24 = [float(v) for o in rows for v in o.taps[24][:, 0]]
         assert pos0 == [float(p) for p in range(6 + 5 - 1)] and pos24 == [p + 0.5 for p in pos0]
