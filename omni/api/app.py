@@ -21,6 +21,7 @@ from omni.api.cors import install_cors
 from omni.api.errors import ApiError, error_middleware
 from omni.api.media import MediaLimits
 from omni.api.metrics import ApiMetrics, route_label
+from omni.api.realtime import route as realtime
 from omni.kernel.registry import ModelInfo
 
 
@@ -154,6 +155,8 @@ async def auth_middleware(request: web.Request, handler):
     if key and (request.path.startswith("/v1/") or (request.path == "/metrics" and not config.public_metrics)):
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
+        if request.path == realtime.ROUTE and realtime.protocol_key(request) is not None:  # browsers: no headers
+            scheme, given = "bearer", realtime.protocol_key(request)
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
             raise ApiError(401, "missing or invalid API key; send 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
@@ -199,4 +202,5 @@ def build_app(kernel: Any, info: ModelInfo, stage_names: list[str], config: Serv
     app.router.add_get("/health", routes_info.health)
     app.router.add_get("/metrics", routes_info.metrics)
     app.router.add_get("/openapi.json", routes_info.openapi)
+    realtime.install(app)
     return app

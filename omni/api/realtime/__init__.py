@@ -1,0 +1,6 @@
+"""OpenAI's Realtime API over WebSocket (`/v1/realtime`): session settings, the conversation, the
+input audio buffer with server voice detection (silero-vad), and responses streamed from the kernel.
+
+route.py (the socket, dialects) -> session.py (events, state) -> response.py (one kernel request),
+with config.py (session settings), conversation.py (items), audio_buffer.py and vad.py.
+"""

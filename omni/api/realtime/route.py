@@ -1,0 +1,113 @@
+"""GET /v1/realtime: the WebSocket of OpenAI's Realtime API (`?model=` names the model).
+
+Two dialects, as OpenAI serves them: a client that sends `OpenAI-Beta: realtime=v1` (the `openai`
+client's `beta.realtime`) gets the beta event names (`response.audio.delta`...), any other (the GA
+`realtime` client, browsers) the GA names (`response.output_audio.delta`...). Browsers cannot set
+headers: they may send the API key as the subprotocol `openai-insecure-api-key.<key>`, as with
+OpenAI. A dropped socket cancels its response in every stage and frees the session; at shutdown
+every socket is closed with 1001 (going away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+
+import msgspec
+from aiohttp import WSMsgType, web
+
+from omni.api.errors import ApiError
+from omni.api.params import check_model
+from omni.api.realtime.session import RealtimeSession
+
+log = logging.getLogger("omni.api")
+ROUTE = "/v1/realtime"
+KEY_PROTOCOL = "openai-insecure-api-key."
+MAX_EVENT_BYTES = 16 << 20  # OpenAI's limit on one client event is 15 MiB
+SOCKETS = web.AppKey("omni_realtime_sockets", weakref.WeakSet)
+_GA_NAMES = {
+    "response.text.delta": "response.output_text.delta",
+    "response.text.done": "response.output_text.done",
+    "response.audio.delta": "response.output_audio.delta",
+    "response.audio.done": "response.output_audio.done",
+    "response.audio_transcript.delta": "response.output_audio_transcript.delta",
+    "response.audio_transcript.done": "response.output_audio_transcript.done",
+    "conversation.item.created": "conversation.item.added",
+}
+_encode = msgspec.json.Encoder().encode
+
+
+def protocol_key(request: web.Request) -> str | None:
+    """The API key a browser sent as a subprotocol, if any."""
+    for proto in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
+        proto = proto.strip()
+        if proto.startswith(KEY_PROTOCOL):
+            return proto[len(KEY_PROTOCOL):]
+    return None
+
+
+class Outbox:
+    """Serialised sends of one socket, each event stamped with an id and named in its dialect;
+    after the socket closes, sends are dropped."""
+
+    def __init__(self, ws: web.WebSocketResponse, beta: bool) -> None:
+        self.ws, self.beta = ws, beta
+        self._lock = asyncio.Lock()
+        self._count = 0
+
+    async def send(self, event: dict) -> None:
+        if self.ws.closed:
+            return
+        self._count += 1
+        kind = event["type"]
+        event = {"type": kind if self.beta else _GA_NAMES.get(kind, kind), "event_id": f"event_{self._count}",
+                 **{k: v for k, v in event.items() if k != "type"}}
+        async with self._lock:
+            try:
+                await self.ws.send_str(_encode(event).decode())
+            except (ConnectionResetError, RuntimeError):  # closing under us: the reader sees it too
+                pass
+
+
+async def realtime(request: web.Request) -> web.WebSocketResponse:
+    from omni.api.app import STATE
+
+    state = request.app[STATE]
+    if state.draining:
+        raise ApiError(503, "server is shutting down; not accepting new sessions", code="shutting_down")
+    model = request.query.get("model") or state.info.id
+    check_model(state, model)
+    ws = web.WebSocketResponse(protocols=("realtime",), max_msg_size=MAX_EVENT_BYTES, heartbeat=30.0)
+    if not ws.can_prepare(request).ok:
+        raise ApiError(400, "this is a WebSocket endpoint: connect with an Upgrade: websocket request",
+                       code="websocket_required")
+    await ws.prepare(request)
+    beta = "realtime=v1" in request.headers.get("OpenAI-Beta", "")
+    outbox = Outbox(ws, beta)
+    session = RealtimeSession(state, outbox.send, model, beta)
+    request.app[SOCKETS].add(ws)
+    try:
+        await session.start()
+        async for msg in ws:
+            if msg.type == WSMsgType.TEXT:
+                await session.handle(msg.data)
+            elif msg.type == WSMsgType.BINARY:
+                await session.handle(msg.data)  # JSON in a binary frame reads the same
+            elif msg.type == WSMsgType.ERROR:
+                break
+    finally:
+        await asyncio.shield(session.close())
+        request.app[SOCKETS].discard(ws)
+    return ws
+
+
+async def _close_sockets(app: web.Application) -> None:
+    for ws in list(app[SOCKETS]):
+        await ws.close(code=1001, message=b"server shutting down")
+
+
+def install(app: web.Application) -> None:
+    app[SOCKETS] = weakref.WeakSet()
+    app.router.add_get(ROUTE, realtime)
+    app.on_shutdown.append(_close_sockets)

@@ -1,0 +1,323 @@
+"""/v1/realtime driven by the official `openai` client's realtime interfaces (beta and GA) against
+omnid serving a tiny Qwen3-Omni (stages as processes): a spoken turn found by server VAD and
+answered with audio, a barge-in that cancels and truncates, response.cancel, malformed events, a
+dropped socket, 8 sessions at once. Random weights: the asserts are on protocol and lifecycle.
+Plus a model that does not hear (the demo marked so): its audio turns are transcribed first."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import subprocess
+import time
+
+import aiohttp
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+from omni.api.media import resample
+from omni.models.qwen3_omni.make_tiny import make_tiny
+from test_api_qwen3 import QwenServer
+from test_api_support import LiveServer
+
+pytest.importorskip("websockets")
+pytest.importorskip("silero_vad")
+
+SHORT = {"thinker": {"max_tokens": 6}, "talker": {"max_tokens": 24}}
+LONG = {"thinker": {"max_tokens": 400, "ignore_eos": True}, "talker": {"max_tokens": 4000, "ignore_eos": True}}
+VAD = {"type": "server_vad", "threshold": 0.5, "silence_duration_ms": 400, "prefix_padding_ms": 200}
+CHUNK = 4800  # bytes of pcm16 per append: 100 ms at 24 kHz
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    ckpt = str(make_tiny(tmp_path_factory.mktemp("tiny-rt"), seed=1))
+    with QwenServer(ckpt) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory) -> bytes:
+    """espeak-ng saying a sentence, as 24 kHz pcm16 with silence before and after."""
+    path = tmp_path_factory.mktemp("speech") / "hello.wav"
+    try:
+        subprocess.run(["espeak-ng", "-w", str(path), "Hello there, could you tell me a short story?"], check=True,
+                       capture_output=True, timeout=30)
+    except (FileNotFoundError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"espeak-ng is needed: {exc}")
+    pcm, rate = sf.read(str(path), dtype="float32")
+    pcm = resample(pcm, rate, 24000)
+    pcm = np.concatenate([np.zeros(7200, np.float32), pcm, np.zeros(24000, np.float32)])
+    return (np.clip(pcm, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def run(coro, timeout: float = 60.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def connect(server, beta: bool = True):
+    ws = server.url.replace("http://", "ws://") + "/v1"
+    client = openai.AsyncOpenAI(api_key="unused", base_url=server.url + "/v1", websocket_base_url=ws, max_retries=0)
+    return (client.beta.realtime if beta else client.realtime).connect(model=server.info.id)
+
+
+async def until(conn, kind: str, log: list | None = None):
+    """Events up to and including the first of type `kind` (every one's type goes into `log`)."""
+    async for event in conn:
+        if log is not None:
+            log.append(event)
+        if event.type == kind:
+            return event
+        assert event.type != "error", event.error
+
+
+async def setup(conn, **session) -> None:
+    created = await conn.recv()
+    assert created.type == "session.created"
+    await conn.session.update(session={"stage_sampling": SHORT, **session})
+    await until(conn, "session.updated")
+
+
+async def speak(conn, pcm: bytes) -> None:
+    for i in range(0, len(pcm), CHUNK):
+        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i:i + CHUNK]).decode())
+
+
+async def say(conn, text: str) -> None:
+    await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                              "content": [{"type": "input_text", "text": text}]})
+
+
+def stages_idle(server) -> bool:
+    stats = server.run(server.kernel.stats())
+    return stats["kernel"]["in_flight"] == 0 and all(
+        s.get("running", 0) == 0 and s.get("in_flight", 0) == 0 for name, s in stats.items() if name != "kernel")
+
+
+def aborted(server) -> dict[str, int]:
+    return {name: s.get("aborted", 0) for name, s in server.run(server.kernel.stats()).items() if name != "kernel"}
+
+
+def wait_idle(server, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not stages_idle(server):
+        assert time.monotonic() < deadline, server.run(server.kernel.stats())
+        time.sleep(0.05)
+
+
+def types(events) -> list[str]:
+    return [e.type for e in events]
+
+
+def test_spoken_turn_detected_and_answered_with_audio_then_a_text_turn(server, speech):
+    async def go():
+        async with connect(server) as conn:
+            await setup(conn, turn_detection=VAD, voice="ethan")
+            await speak(conn, speech)
+            log: list = []
+            done = await until(conn, "response.done", log)
+            names = types(log)
+            order = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                     "input_audio_buffer.committed", "conversation.item.created", "response.created",
+                     "response.output_item.added", "response.audio.delta", "response.audio.done",
+                     "response.audio_transcript.done", "response.output_item.done"]
+            assert [names.index(n) for n in order] == sorted(names.index(n) for n in order), names
+            started, stopped, committed = (next(e for e in log if e.type == t) for t in order[:3])
+            assert started.item_id == stopped.item_id == committed.item_id
+            assert 0 <= started.audio_start_ms < stopped.audio_end_ms
+            user = next(e.item for e in log if e.type == "conversation.item.created")
+            assert user.role == "user" and user.content[0].type == "input_audio"
+            audio = b"".join(base64.b64decode(e.delta) for e in log if e.type == "response.audio.delta")
+            assert len(audio) > 0 and len(audio) % 2 == 0
+            transcript = "".join(e.delta for e in log if e.type == "response.audio_transcript.delta")
+            assert next(e for e in log if e.type == "response.audio_transcript.done").transcript == transcript
+            assert done.response.status in ("completed", "incomplete") and done.response.usage.output_tokens > 0
+            answer = done.response.output[0]
+            assert answer.role == "assistant" and answer.content[0].type == "audio"
+            first_prompt = done.response.usage.input_tokens
+            # a typed turn: the whole conversation (audio turn, answer, this) is the prompt
+            await say(conn, "and then?")
+            await conn.response.create(response={"modalities": ["text"]})
+            log = []
+            done = await until(conn, "response.done", log)
+            assert "response.text.delta" in types(log) and "response.audio.delta" not in types(log)
+            assert done.response.usage.input_tokens > first_prompt
+            await conn.send({"type": "conversation.item.retrieve", "item_id": user.id})
+            assert (await until(conn, "conversation.item.retrieved")).item.id == user.id
+
+    run(go())
+    wait_idle(server)
+
+
+def test_barge_in_cancels_the_answer_in_every_stage_and_truncates_it(server, speech):
+    async def go():
+        async with connect(server) as conn:
+            await setup(conn, turn_detection=VAD)
+            await say(conn, "tell me everything")
+            await conn.response.create(response={"stage_sampling": LONG})
+            first = await until(conn, "response.audio.delta")
+            assert server.run(server.kernel.stats())["kernel"]["in_flight"] == 1
+            before = aborted(server)
+            await speak(conn, speech)  # the user talks over the answer
+            log: list = []
+            cancelled = await until(conn, "response.done", log)
+            assert "input_audio_buffer.speech_started" in types(log)
+            assert cancelled.response.status == "cancelled"
+            assert cancelled.response.status_details.reason == "turn_detected"
+            assert server.run(server.kernel.stats())["kernel"]["in_flight"] <= 1  # at most the next answer
+            deadline = time.monotonic() + 5  # each stage counts the cancel as it reaches it
+            while not all((after := aborted(server))[name] > before[name] for name in
+                          ("thinker.0", "talker.0", "code2wav.0")):
+                assert time.monotonic() < deadline, (before, after)
+                await asyncio.sleep(0.05)
+            sent = [first, *(e for e in log if e.type == "response.audio.delta")]
+            heard_ms = sum(len(base64.b64decode(e.delta)) for e in sent) // 48 // 2  # half of it was played
+            await conn.conversation.item.truncate(item_id=first.item_id, content_index=0, audio_end_ms=heard_ms)
+            truncated = await until(conn, "conversation.item.truncated", log)
+            assert truncated.item_id == first.item_id and truncated.audio_end_ms == heard_ms
+            # the turn that interrupted is committed and answered (short: the session's sampling)
+            done = await until(conn, "response.done", log)
+            assert "input_audio_buffer.committed" in types(log) and done.response.status != "cancelled"
+            await conn.send({"type": "conversation.item.retrieve", "item_id": first.item_id})
+            heard = (await until(conn, "conversation.item.retrieved")).item
+            assert heard.content[0].transcript == ""  # what the user never heard is gone from the context
+
+    run(go())
+    wait_idle(server)
+
+
+def test_response_cancel_then_the_session_goes_on(server):
+    async def go():
+        async with connect(server) as conn:
+            await setup(conn, turn_detection=None)
+            await say(conn, "talk for a long time")
+            await conn.response.create(response={"stage_sampling": LONG})
+            await until(conn, "response.audio.delta")
+            await conn.response.cancel()
+            done = await until(conn, "response.done")
+            assert done.response.status == "cancelled" and done.response.status_details.reason == "client_cancelled"
+            await conn.response.cancel()
+            error = await conn.recv()
+            assert error.type == "error" and error.error.code == "response_cancel_not_active"
+            await conn.response.create()
+            assert (await until(conn, "response.done")).response.status in ("completed", "incomplete")
+
+    run(go())
+    wait_idle(server)
+
+
+def test_malformed_events_get_errors_and_the_session_stays_usable(server):
+    bad = [
+        "not json", "[1, 2]", '{"type": "no.such.event", "event_id": "e1"}',
+        '{"type": "input_audio_buffer.append", "audio": "@@@"}',
+        '{"type": "input_audio_buffer.commit"}',
+        '{"type": "session.update", "session": {"turn_detection": {"type": "semantic_vad"}}}',
+        '{"type": "session.update", "session": {"voice": "nobody"}}',
+        '{"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}',
+        '{"type": "conversation.item.create", "item": {"type": "message", "role": "robot", "content": []}}',
+        '{"type": "conversation.item.truncate", "item_id": "item_missing", "audio_end_ms": 5}',
+        '{"type": "response.create", "response": {"stage_sampling": {"no_stage": {"max_tokens": 2}}}}',
+        '{"type": "response.cancel"}',
+    ]
+
+    async def go():
+        url = server.url.replace("http://", "ws://") + "/v1/realtime?model=" + server.info.id
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await http.ws_connect(server.url.replace("http://", "ws://") + "/v1/realtime?model=nope")
+            assert refused.value.status == 404
+            async with http.ws_connect(url, headers={"OpenAI-Beta": "realtime=v1"}) as ws:
+                assert (await ws.receive_json())["type"] == "session.created"
+                for raw in bad:
+                    await ws.send_str(raw)
+                    event = await ws.receive_json(timeout=10)
+                    assert event["type"] == "error", (raw, event)
+                    assert event["error"]["message"] and event["error"]["type"] == "invalid_request_error"
+                    if '"e1"' in raw:
+                        assert event["error"]["event_id"] == "e1"
+                await ws.send_bytes(b"\xff\xfe")
+                assert (await ws.receive_json(timeout=10))["type"] == "error"
+                await ws.send_json({"type": "session.update", "session": {"turn_detection": None,
+                                                                          "stage_sampling": SHORT}})
+                assert (await ws.receive_json(timeout=10))["type"] == "session.updated"
+                await ws.send_json({"type": "conversation.item.create", "item": {
+                    "type": "message", "role": "user", "content": [{"type": "input_text", "text": "still there?"}]}})
+                await ws.send_json({"type": "response.create"})
+                while (event := await ws.receive_json(timeout=30))["type"] != "response.done":
+                    assert event["type"] != "error", event
+                assert event["response"]["status"] in ("completed", "incomplete")
+
+    run(go())
+
+
+def test_dropped_socket_frees_every_stage(server):
+    async def go():
+        url = server.url.replace("http://", "ws://") + "/v1/realtime?model=" + server.info.id
+        async with aiohttp.ClientSession() as http:
+            ws = await http.ws_connect(url)
+            await ws.receive_json()
+            await ws.send_json({"type": "session.update", "session": {"turn_detection": None}})
+            await ws.send_json({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "go on and on"}]}})
+            await ws.send_json({"type": "response.create", "response": {"stage_sampling": LONG}})
+            while (await ws.receive_json(timeout=30))["type"] != "response.output_audio.delta":
+                pass
+            ws._response.connection.transport.abort()  # gone, without a close handshake
+
+    run(go())
+    wait_idle(server)
+
+
+def test_eight_concurrent_sessions_and_the_ga_dialect(server):
+    async def one(i: int) -> tuple[str, list[str]]:
+        async with connect(server, beta=bool(i % 2)) as conn:
+            await setup(conn, turn_detection=None, **({"output_modalities": ["text"]} if i % 2 == 0
+                                                      else {"modalities": ["text"]}))
+            await say(conn, f"session {i} says hi")
+            await conn.response.create()
+            log: list = []
+            done = await until(conn, "response.done", log)
+            return done.response.status, types(log)
+
+    async def go():
+        return await asyncio.gather(*(one(i) for i in range(8)))
+
+    results = run(go(), timeout=90)
+    for i, (status, names) in enumerate(results):
+        assert status in ("completed", "incomplete")
+        if i % 2:  # beta names
+            assert "conversation.item.created" in names and "response.text.done" in names
+        else:  # GA names
+            assert "conversation.item.added" in names and "response.output_text.done" in names
+            assert not any(n.startswith("response.text.") for n in names)
+    wait_idle(server)
+
+
+# ---- a model that does not hear: Whisper (here the demo, marked as transcribing) first -----------
+
+@pytest.fixture(scope="module")
+def deaf_server():
+    with LiveServer(mode="inline", info_changes={"transcribes": True, "extra": {"audio_input": False}}) as srv:
+        yield srv
+
+
+def test_audio_turn_of_a_model_without_audio_input_is_transcribed_first(deaf_server, speech):
+    async def go():
+        async with connect(deaf_server) as conn:
+            await setup(conn, turn_detection=None, stage_sampling={"generator": {"max_tokens": 4}},
+                        input_audio_transcription={"model": "whisper-1", "prompt": "words"})
+            await speak(conn, speech)
+            await conn.input_audio_buffer.commit()
+            committed = await until(conn, "input_audio_buffer.committed")
+            await conn.response.create()
+            log: list = []
+            await until(conn, "response.done", log)
+            names = types(log)
+            done = names.index("conversation.item.input_audio_transcription.completed")
+            assert done < names.index("response.output_item.added")
+            event = log[done]
+            assert event.item_id == committed.item_id and event.transcript
+
+    run(go())
