@@ -321,3 +321,54 @@ def test_audio_turn_of_a_model_without_audio_input_is_transcribed_first(deaf_ser
             assert event.item_id == committed.item_id and event.transcript
 
     run(go())
+
+
+# ---- the playground, in headless Chromium with a fake microphone -----------------------------------
+
+def test_playground_is_served_as_static_files(deaf_server):
+    import requests
+
+    page = requests.get(deaf_server.url + "/", timeout=10)
+    assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
+    assert "omni playground" in page.text
+    for name in ("app.js", "capture-worklet.js", "style.css"):
+        assert requests.get(f"{deaf_server.url}/static/{name}", timeout=10).status_code == 200, name
+    assert requests.get(deaf_server.url + "/static/../pyproject.toml", timeout=10).status_code in (403, 404)
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def test_playground_speaks_and_hears_in_headless_chromium(server, speech, tmp_path):
+    import os
+
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian's chromium is needed (apt-get install -y chromium)")
+    wav = tmp_path / "mic.wav"
+    pcm = np.frombuffer(speech, dtype="<i2")
+    sf.write(str(wav), np.concatenate([pcm, np.zeros(48000, np.int16)]), 24000, subtype="PCM_16")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--use-fake-ui-for-media-stream",
+             "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={wav}",
+             "--autoplay-policy=no-user-gesture-required"]
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=flags)
+        try:
+            page = browser.new_page()
+            page.goto(server.url + "/")
+            page.wait_for_selector(f"#model option[value='{server.info.id}']", state="attached", timeout=15000)
+            page.click("#connect")
+            page.wait_for_selector("#status[data-state='connected']", timeout=15000)
+            page.click("#mic")
+            page.wait_for_function(
+                "() => +document.getElementById('audio-bytes').textContent > 0 && "
+                "[...document.querySelectorAll('.turn.assistant')].some(t => t.dataset.ttfaMs && "
+                "t.querySelector('.text').textContent.length > 0) && "
+                "document.querySelector('.turn.user') !== null", timeout=45000)
+            page.screenshot(path=str(tmp_path / "playground.png"), full_page=True)
+            ttfa = page.eval_on_selector(".turn.assistant[data-ttfa-ms]", "el => +el.dataset.ttfaMs")
+            assert ttfa >= 0 and "first audio after" in page.inner_text(".turn.assistant .ttfa")
+            assert (tmp_path / "playground.png").stat().st_size > 0
+        finally:
+            browser.close()
+    wait_idle(server, timeout=20)

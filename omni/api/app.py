@@ -184,7 +184,7 @@ async def admission_middleware(request: web.Request, handler):
 def build_app(kernel: Any, info: ModelInfo, stage_names: list[str], config: ServerConfig | None = None,
               extra_models: list[ServedModel] | None = None) -> web.Application:
     """The whole API for one served model (plus `extra_models` beside it), ready for an AppRunner."""
-    from omni.api import routes_audio, routes_chat, routes_info, routes_transcribe
+    from omni.api import playground, routes_audio, routes_chat, routes_info, routes_transcribe
 
     config = config or ServerConfig()
     app = web.Application(client_max_size=config.max_body_bytes,
@@ -203,4 +203,5 @@ def build_app(kernel: Any, info: ModelInfo, stage_names: list[str], config: Serv
     app.router.add_get("/metrics", routes_info.metrics)
     app.router.add_get("/openapi.json", routes_info.openapi)
     realtime.install(app)
+    playground.install(app)
     return app
