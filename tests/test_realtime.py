@@ -188,7 +188,7 @@ def test_barge_in_cancels_the_answer_in_every_stage_and_truncates_it(server, spe
     wait_idle(server)
 
 
-def test_response_cancel_then_the_session_goes_on(server):
+def test_response_cancel_then_the_session_goes_on(server, speech):
     async def go():
         async with connect(server) as conn:
             await setup(conn, turn_detection=None)
@@ -201,6 +201,17 @@ def test_response_cancel_then_the_session_goes_on(server):
             await conn.response.cancel()
             error = await conn.recv()
             assert error.type == "error" and error.error.code == "response_cancel_not_active"
+            # an audio item made by the client (not the buffer), then an answer over it
+            await conn.input_audio_buffer.append(audio=base64.b64encode(speech[:9600]).decode())
+            await conn.input_audio_buffer.clear()
+            await until(conn, "input_audio_buffer.cleared")
+            await conn.input_audio_buffer.commit()
+            assert (await conn.recv()).error.code == "input_audio_buffer_commit_empty"
+            clip = base64.b64encode(speech[:48000]).decode()
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_audio", "audio": clip}, {"type": "input_text", "text": "what was that?"}]})
+            item = (await until(conn, "conversation.item.created")).item
+            assert [c.type for c in item.content] == ["input_audio", "input_text"]
             await conn.response.create()
             assert (await until(conn, "response.done")).response.status in ("completed", "incomplete")
 
@@ -321,6 +332,35 @@ def test_audio_turn_of_a_model_without_audio_input_is_transcribed_first(deaf_ser
             assert event.item_id == committed.item_id and event.transcript
 
     run(go())
+
+
+def test_shutdown_closes_open_sessions_going_away():
+    srv = LiveServer(mode="inline", stage_args={"generator": {"step_delay_s": 0.02}}).__enter__()
+    closed: dict = {}
+
+    async def go():
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(srv.url.replace("http://", "ws://") + "/v1/realtime") as ws:
+                await ws.receive_json()
+                await ws.send_json({"type": "conversation.item.create", "item": {
+                    "type": "message", "role": "user", "content": [{"type": "input_text", "text": "long"}]}})
+                await ws.send_json({"type": "response.create",
+                                    "response": {"stage_sampling": {"generator": {"max_tokens": 4000}}}})
+                while (await ws.receive_json(timeout=10))["type"] != "response.output_audio.delta":
+                    pass
+                started = time.monotonic()
+                stopping = asyncio.get_running_loop().run_in_executor(None, srv.__exit__, None, None, None)
+                async for _ in ws:
+                    pass
+                closed.update(code=ws.close_code, after=time.monotonic() - started)
+                await stopping
+
+    try:
+        run(go(), timeout=30)
+    finally:
+        if srv.thread.is_alive():
+            srv.__exit__(None, None, None)
+    assert closed["code"] == 1001 and closed["after"] < 5
 
 
 # ---- the playground, in headless Chromium with a fake microphone -----------------------------------

@@ -25,6 +25,7 @@ log = logging.getLogger("omni.api")
 ROUTE = "/v1/realtime"
 KEY_PROTOCOL = "openai-insecure-api-key."
 MAX_EVENT_BYTES = 16 << 20  # OpenAI's limit on one client event is 15 MiB
+MAX_SESSIONS = 256  # open sockets at once; more are refused with a 429 before the upgrade
 SOCKETS = web.AppKey("omni_realtime_sockets", weakref.WeakSet)
 _GA_NAMES = {
     "response.text.delta": "response.output_text.delta",
@@ -78,6 +79,8 @@ async def realtime(request: web.Request) -> web.WebSocketResponse:
         raise ApiError(503, "server is shutting down; not accepting new sessions", code="shutting_down")
     model = request.query.get("model") or state.info.id
     check_model(state, model)
+    if len(request.app[SOCKETS]) >= MAX_SESSIONS:
+        raise ApiError(429, f"{MAX_SESSIONS} realtime sessions are open; retry later", code="overloaded")
     ws = web.WebSocketResponse(protocols=("realtime",), max_msg_size=MAX_EVENT_BYTES, heartbeat=30.0)
     if not ws.can_prepare(request).ok:
         raise ApiError(400, "this is a WebSocket endpoint: connect with an Upgrade: websocket request",

@@ -42,9 +42,13 @@ class _ModelPool:
         with self._lock:
             if self._free:
                 return self._free.pop()
+        import warnings
+
         import torch
 
-        return torch.jit.load(_model_path(), map_location="cpu").eval()
+        with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript loading; silero ships TorchScript
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.load(_model_path(), map_location="cpu").eval()
 
     def give(self, model) -> None:
         model.reset_states()
