@@ -2,5 +2,6 @@
 input audio buffer with server voice detection (silero-vad), and responses streamed from the kernel.
 
 route.py (the socket, dialects) -> session.py (events, state) -> response.py (one kernel request),
-with config.py (session settings), conversation.py (items), audio_buffer.py and vad.py.
+with config.py (session settings), conversation.py (items), transcripts.py (Whisper for a model that
+does not hear), audio_buffer.py and vad.py.
 """

@@ -20,13 +20,11 @@ import msgspec
 import numpy as np
 
 from omni.api.errors import ApiError, as_api_error, bad_request
-from omni.api.generation import KernelRequest
-from omni.api.media import audio_part
-from omni.api.metrics import RequestTimer
 from omni.api.realtime.audio_buffer import InputAudio
 from omni.api.realtime.config import SessionConfig
 from omni.api.realtime.conversation import Conversation, Item, Part, item_from_event, new_id, pcm16_to_float
-from omni.api.realtime.response import ROUTE, Response, ResponseOptions, audio_ms, error_event
+from omni.api.realtime.response import Response, ResponseOptions, audio_ms, error_event
+from omni.api.realtime.transcripts import Transcripts
 from omni.api.realtime.vad import VAD_RATE, WINDOW, SpeechDetector
 
 if TYPE_CHECKING:
@@ -57,7 +55,7 @@ class RealtimeSession:
         self.speech_item_id: str | None = None  # the id the turn being spoken will commit as
         self.response: Response | None = None
         self.task: asyncio.Task | None = None
-        self.transcripts: dict[str, asyncio.Task] = {}
+        self.transcripts = Transcripts(state, send)
         self.hears = hears(state)
 
     async def start(self) -> None:
@@ -91,10 +89,7 @@ class RealtimeSession:
     async def close(self) -> None:
         """The socket is gone: cancel the response in every stage, free the detector."""
         await self._cancel(None)
-        for task in self.transcripts.values():
-            task.cancel()
-        if self.transcripts:
-            await asyncio.wait(list(self.transcripts.values()))
+        await self.transcripts.close()
         if self.detector is not None:
             await asyncio.get_running_loop().run_in_executor(_VAD_POOL, self.detector.close)
             self.detector = None
@@ -242,33 +237,13 @@ class RealtimeSession:
             raise bad_request(f"the conversation would hold more than {limit:.0f} s of audio; delete items first",
                               code="conversation_audio_limit")
 
-    # ---- transcription (a model that does not hear, or input_audio_transcription asked) ------
-
     def _transcribe_later(self, item: Item) -> None:
-        if item.untranscribed() and (not self.hears or self.config.transcribe_input):
-            self.transcripts[item.id] = asyncio.create_task(self._transcribe(item))
-
-    async def _transcribe(self, item: Item) -> None:
-        for index, part in enumerate(item.parts):
-            if part.kind != "input_audio" or part.transcribed:
-                continue
-            try:
-                part.text = await transcribe(self.state, part.pcm, self.config.transcription)
-                part.transcribed = True
-                await self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id,
-                                 "content_index": index, "transcript": part.text})
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                err = as_api_error(exc)
-                await self.send({"type": "conversation.item.input_audio_transcription.failed", "item_id": item.id,
-                                 "content_index": index, "error": error_event(err)["error"]})
+        if not self.hears or self.config.transcribe_input:
+            self.transcripts.start(item, self.config.transcription)
 
     async def _messages(self) -> list[dict]:
         if not self.hears:  # it reads the transcripts: wait for those still being made
-            pending = [t for t in self.transcripts.values() if not t.done()]
-            if pending:
-                await asyncio.wait(pending)
+            await self.transcripts.wait()
         return self.conversation.messages(self.config.instructions, self.hears)
 
     # ---- responses ---------------------------------------------------------------------------
@@ -324,20 +299,3 @@ _HANDLERS: dict[str, Callable[[RealtimeSession, dict], Awaitable[None]]] = {
     "response.create": RealtimeSession._response_create,
     "response.cancel": RealtimeSession._response_cancel,
 }
-
-
-async def transcribe(state: ServerState, pcm: np.ndarray, options: dict) -> str:
-    """One audio turn to text by the served model that transcribes (a Whisper beside the main one)."""
-    served = state.transcriber(state.info.id)
-    if served is None:
-        raise bad_request(f"model {state.info.id!r} does not take audio and no served model transcribes it",
-                          code="transcription_not_supported")
-    params = {"task": "transcribe", "audio": audio_part(pcm, VAD_RATE), "language": options.get("language"),
-              "modalities": ["text"], "messages": [], "sampling": {}}
-    if options.get("prompt"):
-        params["prompt"] = options["prompt"]
-    gen = KernelRequest(served.kernel, params, RequestTimer(state.metrics, ROUTE), [],
-                        state.config.request_timeout_s, audio=False)
-    async with gen:
-        out = await gen.collect()
-    return "".join(out.text).strip()
