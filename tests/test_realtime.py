@@ -259,6 +259,17 @@ def test_malformed_events_get_errors_and_the_session_stays_usable(server):
                 while (event := await ws.receive_json(timeout=30))["type"] != "response.done":
                     assert event["type"] != "error", event
                 assert event["response"]["status"] in ("completed", "incomplete")
+                # a conversation longer than the model's context: that response fails, nothing else
+                too_long = "word " * (server.info.max_context * 4)
+                await ws.send_json({"type": "conversation.item.create", "item": {
+                    "type": "message", "role": "user", "content": [{"type": "input_text", "text": too_long}]}})
+                await ws.send_json({"type": "response.create"})
+                while (event := await ws.receive_json(timeout=30))["type"] != "error":
+                    pass
+                assert event["error"]["code"] == "context_length_exceeded"
+                while (event := await ws.receive_json(timeout=30))["type"] != "response.done":
+                    pass
+                assert event["response"]["status"] == "failed" and event["response"]["output"] == []
 
     run(go())
 
@@ -412,3 +423,65 @@ def test_playground_speaks_and_hears_in_headless_chromium(server, speech, tmp_pa
         finally:
             browser.close()
     wait_idle(server, timeout=20)
+
+
+# ---- units: the voice detector, session settings in both shapes, the browser's key ---------------
+
+def test_speech_detector_finds_one_turn_in_speech_and_none_in_silence(speech):
+    from omni.api.realtime.audio_buffer import InputAudio
+    from omni.api.realtime.vad import SpeechDetector, VadSettings
+
+    pcm24 = np.frombuffer(speech, dtype="<i2").astype(np.float32) / 32768
+    pcm = InputAudio.resample_whole(pcm24)
+    detector = SpeechDetector(VadSettings(0.5, prefix_padding_ms=200, silence_duration_ms=400))
+    try:
+        changes = [c for i in range(0, len(pcm), 1600) for c in detector.feed(pcm[i:i + 1600])]
+        assert [c.kind for c in changes] == ["started", "stopped"]
+        onset_ms, end_ms = changes[0].sample / 16, changes[1].sample / 16
+        assert 0 <= onset_ms <= 300 and end_ms > onset_ms + 1000  # 300 ms of silence lead in; seconds of speech
+        assert end_ms < len(pcm) / 16 - 400
+        assert detector.feed(np.zeros(32000, np.float32)) == []
+    finally:
+        detector.close()
+
+
+def test_session_settings_parse_beta_and_ga_shapes(deaf_server):
+    from omni.api.errors import ApiError
+    from omni.api.realtime.config import SessionConfig
+
+    state = deaf_server.state()
+    base = SessionConfig.default(state, "omni-demo")
+    beta = base.updated(state, {"modalities": ["text"], "instructions": "hi", "input_audio_format": "pcm16",
+                                "turn_detection": {"type": "server_vad", "threshold": 0.7, "silence_duration_ms": 300},
+                                "max_response_output_tokens": 9})
+    assert beta.modalities == ["text"] and beta.turn_detection.vad.threshold == 0.7
+    assert beta.turn_detection.vad.silence_duration_ms == 300 and beta.max_output_tokens == 9
+    ga = base.updated(state, {"type": "realtime", "output_modalities": ["audio"], "audio": {
+        "input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None},
+        "output": {"voice": "TONE"}}, "max_output_tokens": "inf"})
+    assert ga.modalities == ["text", "audio"] and ga.turn_detection is None and ga.voice == "tone"
+    rendered = ga.render(beta=False, session_id="s")
+    assert rendered["output_modalities"] == ["audio"] and rendered["audio"]["input"]["turn_detection"] is None
+    assert beta.render(beta=True, session_id="s")["modalities"] == ["text"]
+    for bad in ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}, {"tools": [{"type": "x"}]},
+                {"turn_detection": {"threshold": 2}}, {"modalities": []}, {"max_output_tokens": 0}, []):
+        with pytest.raises(ApiError):
+            base.updated(state, bad)
+
+
+def test_browsers_send_the_api_key_as_a_subprotocol():
+    from omni.api.app import ServerConfig
+
+    with LiveServer(mode="inline", config=ServerConfig(port=0, api_key="sekret")) as srv:
+        async def go():
+            url = srv.url.replace("http://", "ws://") + "/v1/realtime"
+            async with aiohttp.ClientSession() as http:
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    await http.ws_connect(url)
+                assert refused.value.status == 401
+                async with http.ws_connect(url, protocols=["realtime", "openai-insecure-api-key.sekret"]) as ws:
+                    assert ws.protocol == "realtime" and (await ws.receive_json())["type"] == "session.created"
+                async with http.ws_connect(url, headers={"Authorization": "Bearer sekret"}) as ws:
+                    assert (await ws.receive_json())["type"] == "session.created"
+
+        run(go())

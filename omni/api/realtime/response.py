@@ -65,6 +65,7 @@ class Response:
     cancel_reason: str | None = None
     usage: dict = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
+    announced: bool = False  # its item was added to the conversation
     first_audio_s: float | None = None  # from response.create (or the end of the turn) to the first audio
 
     @property
@@ -79,7 +80,7 @@ class Response:
         elif self.status == "incomplete":
             details = {"type": "incomplete", "reason": "max_output_tokens"}
         body = {"id": self.id, "object": "realtime.response", "status": self.status, "status_details": details,
-                "output": [self.item.render(self.beta)] if self.item and self.status != "in_progress" else [],
+                "output": [self.item.render(self.beta)] if self.announced and self.status != "in_progress" else [],
                 "usage": self.usage or None, "metadata": self.options.metadata,
                 "conversation_id": "conv_omni", "voice": config.voice,
                 "max_output_tokens": config.max_output_tokens or "inf"}
@@ -116,6 +117,7 @@ class Response:
             await self.send({"type": "response.output_item.added", "response_id": self.id, "output_index": 0,
                              "item": self.item.render(self.beta)})
             await add_item(self.item)
+            self.announced = True
             await self.send({"type": "response.content_part.added", **refs, "part": part.render(self.beta)})
             await self._stream(self.params(messages), part, refs)
         except asyncio.CancelledError:
@@ -164,6 +166,9 @@ class Response:
 
     async def _finish(self, part: Part, refs: dict) -> None:
         self.item.status = "completed" if self.status == "completed" else "incomplete"
+        if not self.announced:  # it ended before its item was added (a refused prompt): only the done
+            await self.send({"type": "response.done", "response": self.render()})
+            return
         if self.speaks:
             await self.send({"type": "response.audio.done", **refs})
             await self.send({"type": "response.audio_transcript.done", **refs, "transcript": part.text})
