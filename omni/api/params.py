@@ -16,6 +16,7 @@ from omni.api.media import (
     decode_audio,
     decode_audio_bytes,
     fetch_image,
+    off_loop,
     parse_image_url,
 )
 from omni.api.schemas import (
@@ -163,7 +164,8 @@ async def _content(state: ServerState, content, param: str) -> str | list[dict]:
             pcm, rate = await decode_audio(raw, f"{where}.input_audio.data", state.config.limits, MODEL_AUDIO_RATE)
             parts.append({"type": "audio", **audio_part(pcm, rate)})
         elif isinstance(part, ImagePart):
-            data, url = parse_image_url(part.image_url.url, f"{where}.image_url.url", state.config.limits)
+            data, url = await off_loop(parse_image_url, part.image_url.url, f"{where}.image_url.url",
+                                       state.config.limits)
             if data is None:
                 data = await fetch_image(url, f"{where}.image_url.url", state.config.limits)
             parts.append({"type": "image", "data": data})
