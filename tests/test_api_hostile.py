@@ -51,6 +51,14 @@ def test_deep_json_is_a_400(server):
     check_error(r, 400, "nested too deeply")
 
 
+def test_a_30_mb_prompt_is_a_400_at_once_and_the_server_serves_on(server):
+    t0 = time.monotonic()
+    r = requests.post(server.url + CHAT, json=chat("y" * (30 << 20)), timeout=60)
+    check_error(r, 400, "context")
+    assert r.json()["error"]["code"] == "context_length_exceeded" and time.monotonic() - t0 < 10
+    assert requests.post(server.url + CHAT, json=chat("hi"), timeout=10).status_code == 200
+
+
 def test_huge_header_is_an_openai_shaped_431(server):
     r = requests.post(server.url + CHAT, json=chat("x"), headers={"X-Big": "a" * (1 << 20)}, timeout=10)
     check_error(r, 431, "header")

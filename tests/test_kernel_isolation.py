@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from kernel_helpers import graph, run_one, summarize
-from omni.kernel.errors import PayloadTooLarge, StageDown, StageFailed
+from omni.kernel.errors import InvalidRequest, PayloadTooLarge, StageDown, StageFailed
 from omni.kernel.kernel import Kernel
 
 
@@ -108,3 +108,19 @@ def test_past_its_budget_a_stage_rests_then_comes_back(mode):
     assert degraded == ["audio_output"] and degraded_after == []
     assert len(served["tokens"]) == 3 and len(spoken["audio"]) > 0
     assert 0.5 < rested < 10
+
+
+@pytest.mark.parametrize("mode", ["inline", "process"])
+def test_a_prompt_longer_than_the_context_fails_alone_before_any_work(mode):
+    """30 MB of prompt (its embeddings would be 3.8 GB): refused at the encoder's open, which lives on."""
+    async def main():
+        async with Kernel(graph("shm", generator={"step_delay_s": 0.01}), mode=mode) as kernel:
+            pid = kernel.pid_of("encoder")
+            live = asyncio.ensure_future(run_one(kernel, "a small one", max_tokens=20))
+            await asyncio.sleep(0.05)
+            with pytest.raises(InvalidRequest, match="context"):
+                await kernel.submit({"prompt": "x" * (30 << 20), "max_tokens": 2}).collect()
+            return await live, pid == kernel.pid_of("encoder"), (await kernel.stats())["encoder.0"]["restarts"]
+
+    live, same_pid, restarts = asyncio.run(main())
+    assert len(live["tokens"]) == 20 and same_pid and restarts == 0

@@ -24,6 +24,7 @@ VOCAB = "abcdefghijklmnopqrstuvwxyz .,!?"
 MODULUS = 9973
 SAMPLE_RATE = 24000
 SAMPLES_PER_FRAME = 480  # 20 ms of audio per generated token
+MAX_CONTEXT = 1 << 16  # prompt tokens (bytes) the toy encoder takes
 
 
 def _prompt_of(params: dict[str, Any]) -> str:
@@ -55,8 +56,10 @@ class ToyEncoder(Stage):
         self.ready: list[str] = []
 
     def open(self, rid: str, params: dict[str, Any]) -> None:
+        prompt = _prompt_of(params)
+        if len(prompt.encode()) > MAX_CONTEXT:  # one token per byte: refused before any work
+            raise InvalidRequest(f"the prompt is {len(prompt.encode())} tokens; the demo's context is {MAX_CONTEXT}")
         self.pending[rid] = params
-        _prompt_of(params)
 
     def close_input(self, rid: str) -> None:
         self.ready.append(rid)
@@ -256,5 +259,5 @@ def needs(params: dict[str, Any]) -> set[str]:
 
 def build_demo(model_dir: str | None = None, variant: str | None = None, **options: Any) -> tuple[Graph, ModelInfo]:
     info = ModelInfo(id="omni-demo", family="demo", speaks=True, voices=["tone"], sample_rate=SAMPLE_RATE,
-                     random_weights=True)
+                     random_weights=True, max_context=MAX_CONTEXT)
     return demo_graph(), info
