@@ -89,7 +89,10 @@ class Kernel:
         self._started = False
         self._closed = False
         self.restarts_total: dict[str, int] = {s.name: 0 for s in graph.stages}
-        self.router = Router(graph)
+        try:
+            self.router = Router(graph)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise GraphError(f"graph {graph.name!r}: cannot load its needs {graph.needs!r}: {exc}") from None
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -118,7 +121,11 @@ class Kernel:
         deadline = time.monotonic() + spec.start_timeout_s
         while not handle.ready.done():
             if not handle.alive():
-                raise StageStartError(f"stage {handle.name} failed to start: {handle.exit_reason()} before it was ready")
+                await asyncio.sleep(0.5)  # its last words (ActorFailed: why) may still be on the way
+                if not handle.ready.done():
+                    raise StageStartError(f"stage {handle.name} failed to start: {handle.exit_reason()} "
+                                          "before it was ready")
+                break
             if time.monotonic() > deadline:
                 self._launcher.kill(handle)
                 raise StageStartError(f"stage {handle.name} failed to start: not ready within {spec.start_timeout_s:g} s")
@@ -409,7 +416,7 @@ class Kernel:
             out[name] = {**(stats or handle.last_stats), "state": handle.state.value,
                          "restarts": len(handle.restarts), "pid": handle.pid}
         out["kernel"] = {"in_flight": len(self._inflight), "max_inflight": self.max_inflight,
-                         "restarts_total": dict(self.restarts_total)}
+                         "restarts_total": dict(self.restarts_total), "degraded_capabilities": len(self.degraded())}
         return out
 
     def _channels_in_use(self) -> set[str]:
