@@ -27,7 +27,7 @@ CHAT = "/v1/chat/completions"
 @pytest.fixture(scope="module")
 def server():
     plain = ServerConfig(port=0, limits=MediaLimits(image_hosts=["127.0.0.1"], fetch_timeout_s=2.0),
-                         header_timeout_s=1.0, body_timeout_s=1.0)
+                         header_timeout_s=1.0, body_timeout_s=1.0, write_timeout_s=1.0)
     keyed = ServerConfig(port=0, api_key="sekrit")
     public = ServerConfig(port=0, api_key="sekrit", public_metrics=True)
     with LiveServer(mode="inline", config=plain, extra_configs=[keyed, public],
@@ -199,6 +199,34 @@ def test_slow_headers_and_bodies_time_out(server):
         body.close()
     assert 0.9 < took_head < 3 and 0.9 < took_body < 3, (took_head, took_body, answer)
     assert b" 408 " in answer.split(b"\r\n", 1)[0] and b"body_timeout" in answer
+
+
+def test_a_client_that_stops_reading_is_cut_off_and_its_request_cancelled():
+    """A speech stream to a client that reads nothing: once the socket buffers are full, past the
+    write timeout its request is gone (the whole answer would take minutes)."""
+    with LiveServer(mode="inline", config=ServerConfig(port=0, write_timeout_s=1.0)) as server:
+        _stop_reading(server)
+
+
+def _stop_reading(server) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "voice": "tone", "input": "say a lot", "response_format": "pcm",
+                       "stage_sampling": {"generator": {"max_tokens": 100_000}}}).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect((host, int(port)))
+    try:
+        s.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        time.sleep(0.5)
+        assert server.kernel.inflight == 1
+        t0 = time.monotonic()
+        while server.kernel.inflight and time.monotonic() - t0 < 20:
+            time.sleep(0.1)
+        assert server.kernel.inflight == 0, server.run(server.kernel.stats())["generator.0"]
+        print(f"a client that stopped reading was cut off after {time.monotonic() - t0 + 0.5:.1f} s")
+    finally:
+        s.close()
 
 
 def test_sigterm_exits_within_the_drain_timeout_whatever_the_clients_do():

@@ -38,6 +38,7 @@ class ServerConfig:
     drain_timeout_s: float = 30.0  # SIGTERM to exit, whatever the clients do
     header_timeout_s: float = 10.0  # a connection's request head must arrive within this (also keep-alive idle)
     body_timeout_s: float = 60.0  # a request's whole body must arrive within this
+    write_timeout_s: float = 60.0  # a streamed answer's client must take in data at least this often
     public_metrics: bool = False  # with api_key: /metrics stays open (it names stage PIDs and traffic)
     max_concurrent: int | None = None  # POSTs admitted at once (429 beyond); None: the kernel's max_inflight
     probe_timeout_s: float = 1.0

@@ -112,6 +112,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--header-timeout", type=float, default=10.0,
                         help="seconds a connection may take to send a request head (and stay idle)")
     parser.add_argument("--body-timeout", type=float, default=60.0, help="seconds a request body may take")
+    parser.add_argument("--write-timeout", type=float, default=60.0,
+                        help="seconds a client of a streamed answer may go without reading")
     parser.add_argument("--max-concurrent", type=int, default=64, help="requests admitted at once (429 beyond)")
     parser.add_argument("--mode", choices=("process", "inline"), default="process",
                         help="stages as processes (default) or in this process")
@@ -247,7 +249,7 @@ def server_config(args: argparse.Namespace):
 
     return ServerConfig(host=args.host, port=args.port, api_key=api_key(args),
                         public_metrics=args.public_metrics, header_timeout_s=args.header_timeout,
-                        body_timeout_s=args.body_timeout,
+                        body_timeout_s=args.body_timeout, write_timeout_s=args.write_timeout,
                         max_body_bytes=int(args.max_body_mb * (1 << 20)),
                         limits=MediaLimits(max_audio_seconds=args.max_audio_seconds, image_hosts=args.image_host),
                         request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,

@@ -1,8 +1,9 @@
-"""Connections a client cannot hold hostage: header and body read timeouts, OpenAI-shaped protocol errors.
+"""Connections a client cannot hold hostage: header, body and write timeouts, OpenAI-shaped protocol errors.
 
 aiohttp closes a connection that has not sent a whole request head within `keepalive_timeout` of
 opening (or of its last response), whatever trickles in meanwhile: that is the header timeout. The
-body is read by the routes, each under `read_body`'s timeout. Errors aiohttp answers itself, before
+body is read by the routes, each under `read_body`'s timeout; streamed answers are written with
+`write_within`, so a client that stops reading is cut off too. Errors aiohttp answers itself, before
 any middleware runs (a malformed request line, a header over 8 KB), get the OpenAI error body too.
 """
 
@@ -75,3 +76,17 @@ async def within_body_timeout(request: web.Request, reading):
     except asyncio.TimeoutError:
         err = ApiError(408, f"the request body did not arrive within {timeout_s:g} s", code="body_timeout")
         raise err from None
+
+
+async def write_within(request: web.Request, response: web.StreamResponse, data: bytes) -> None:
+    """Write to a client that must keep reading: one that takes in nothing for the server's write
+    timeout is cut off (its handler ends, so its request is cancelled in every stage)."""
+    from omni.api.app import STATE
+
+    timeout_s = request.app[STATE].config.write_timeout_s
+    try:
+        await asyncio.wait_for(response.write(data), timeout_s)
+    except asyncio.TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
+        raise ConnectionResetError(f"the client read nothing for {timeout_s:g} s") from None

@@ -14,7 +14,7 @@ import numpy as np
 from aiohttp import web
 
 from omni.api.audio_codec import CONTENT_TYPES, StreamEncoder
-from omni.api.connections import read_body
+from omni.api.connections import read_body, write_within
 from omni.api.errors import ApiError, as_api_error, bad_request, too_large
 from omni.api.generation import AudioPiece, Finish, KernelRequest
 from omni.api.metrics import RequestTimer
@@ -65,7 +65,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
         if response is None:
             response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[req.response_format]})
             await response.prepare(request)
-        await response.write(data)
+        await write_within(request, response, data)
 
     async with KernelRequest(state.kernel, params, timer, None, state.config.request_timeout_s) as gen:
         try:
