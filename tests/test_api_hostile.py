@@ -158,6 +158,16 @@ def test_large_decoded_size_is_a_413_at_once_and_stalls_nobody(server):
     assert took < 1.0 and max(gaps) < 0.5, (took, max(gaps))
 
 
+def test_many_short_clips_share_one_audio_bound(server):
+    """Each clip is inside the limit; together they are not (a 413 naming the total)."""
+    clip = _flac_claiming(1, rate=16000, channels=1)  # one second, truly
+    parts = [{"type": "text", "text": "hear"}, *[p for _ in range(3) for p in audio(clip, "flac")]]
+    ok = requests.post(server.url + CHAT, json=chat(parts), timeout=30)
+    assert ok.status_code == 200, ok.text
+    many = [{"type": "text", "text": "hear"}, *[p for _ in range(601) for p in audio(clip, "flac")]]
+    check_error(requests.post(server.url + CHAT, json=chat(many), timeout=60), 413, "in all")
+
+
 def _slow_client(url: str, body: bool) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     s = socket.create_connection((host, int(port)))

@@ -118,6 +118,19 @@ def check_samples(pcm: np.ndarray, param: str, limits: MediaLimits) -> None:
                           code="invalid_audio")
 
 
+class AudioBudget:
+    """All of one request's input audio shares max_audio_seconds: many small clips are one long one."""
+
+    def __init__(self, limits: MediaLimits) -> None:
+        self.limit, self.seconds = limits.max_audio_seconds, 0.0
+
+    def take(self, seconds: float, param: str) -> None:
+        self.seconds += seconds
+        if self.seconds > self.limit:
+            raise too_large(f"{param}: the request's audio lasts {self.seconds:.1f} s in all; the limit is "
+                            f"{self.limit:.0f} s", param)
+
+
 _DECODE_POOL = ThreadPoolExecutor(2, thread_name_prefix="omni-media")
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from omni.api.errors import ApiError, bad_request
 from omni.api.media import (
     MODEL_AUDIO_RATE,
+    AudioBudget,
     audio_part,
     b64decode_strict,
     decode_audio,
@@ -133,10 +134,10 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
         if req.stream and req.audio is not None and req.audio.format != "pcm16":
             raise bad_request("streamed audio is sent as pcm16; set audio.format to 'pcm16' or stream=false",
                               param="audio.format", code="unsupported_stream_format")
-    messages = []
+    messages, audio_budget = [], AudioBudget(state.config.limits)  # one bound on all of a request's audio
     for i, msg in enumerate(req.messages):
         messages.append({"role": "system" if msg.role == "developer" else msg.role,
-                         "content": await _content(state, msg.content, f"messages[{i}].content")})
+                         "content": await _content(state, msg.content, f"messages[{i}].content", audio_budget)})
     base = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
             "repetition_penalty": req.repetition_penalty, "presence_penalty": req.presence_penalty,
             "frequency_penalty": req.frequency_penalty, "logit_bias": _logit_bias(req.logit_bias), "seed": req.seed,
@@ -147,7 +148,7 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
             "sampling": stage_sampling(state, base, req.stage_sampling)}
 
 
-async def _content(state: ServerState, content, param: str) -> str | list[dict]:
+async def _content(state: ServerState, content, param: str, audio_budget: AudioBudget) -> str | list[dict]:
     """A string stays a string (the model renders it in its template's content format); parts are
     checked and their media decoded."""
     if content is None:
@@ -162,6 +163,7 @@ async def _content(state: ServerState, content, param: str) -> str | list[dict]:
         elif isinstance(part, AudioPart):
             raw = b64decode_strict(part.input_audio.data, f"{where}.input_audio.data")
             pcm, rate = await decode_audio(raw, f"{where}.input_audio.data", state.config.limits, MODEL_AUDIO_RATE)
+            audio_budget.take(len(pcm) / rate, f"{where}.input_audio.data")
             parts.append({"type": "audio", **audio_part(pcm, rate)})
         elif isinstance(part, ImagePart):
             data, url = await off_loop(parse_image_url, part.image_url.url, f"{where}.image_url.url",
