@@ -68,7 +68,7 @@ def test_a_dead_stage_fails_only_the_requests_in_it(mode):
             await _until(lambda: kernel.health()["vocoder"] == "up")
             streams = [kernel.submit({"prompt": f"decoding {i}", "max_tokens": 40}) for i in range(3)]
             firsts = [await s.__anext__() for s in streams]
-            await _until(lambda: all("encoder" not in kernel._inflight[s.rid].holders for s in streams))
+            await _until(lambda: all("encoder" not in kernel.holders(s.rid) for s in streams))
             kernel.kill("encoder")
             decoding = [summarize([first, *await s.collect()]) for first, s in zip(firsts, streams)]
             done = [*await asyncio.gather(*texts), *decoding]

@@ -63,7 +63,7 @@ def _kill_during(running, stage: str, make, n: int = 3, left: str | None = None)
         streams = [kernel.submit(make()) for _ in range(n)]
         firsts = [await s.__anext__() for s in streams]
         if left:
-            await _until(lambda: all(left not in kernel._inflight[s.rid].holders for s in streams))
+            await _until(lambda: all(left not in kernel.holders(s.rid) for s in streams))
         os.kill(kernel.pid_of(stage), signal.SIGKILL)
         await _until(lambda: kernel.health()[stage] != "up")
         during = None

@@ -422,6 +422,11 @@ class Kernel:
     def _channels_in_use(self) -> set[str]:
         return {edge_channel(self.graph, e) for e in self.graph.edges}
 
+    def holders(self, rid: str) -> set[str]:
+        """The stages an in-flight request still holds state in or has to pass through (empty once it ended)."""
+        request = self._inflight.get(rid)
+        return set(request.holders) if request is not None else set()
+
     def kill(self, stage: str, replica: int = 0) -> None:
         """Kill one replica as a crash would (SIGKILL, or cancelling its task inline): fault drills."""
         self._launcher.kill(self._handles[actor_name(stage, replica)])
