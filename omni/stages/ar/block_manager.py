@@ -143,12 +143,12 @@ class BlockManager:
 
     def cache_computed(self, seq: Sequence) -> None:
         """Put `seq`'s newly computed full blocks in the cache (after the step that computed them)."""
-        if not self.caching or seq.uncacheable:
+        if not self.caching:
             return
         full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
         if full <= seq.num_cached_blocks:
             return
-        self._extend_hashes(seq, full)
+        self._extend_hashes(seq, full)  # stops where the model opted out: the blocks before still count
         tapped = self.tapping and seq.return_hidden
         end = min(full, len(seq.block_hashes))
         for i in range(seq.num_cached_blocks, end):
