@@ -49,8 +49,10 @@ def _run(eng: AREngine, prompt: list[int], inputs=None, hidden: bool = True):
     return list(seq.output_token_ids), taps, seq
 
 
-def test_multi_turn_chat_reuses_turns_with_equal_tokens_and_taps(thinker):
-    on, off = _engine(thinker), _engine(thinker, enable_prefix_caching=False)
+@pytest.mark.parametrize("graphs", [False, True])
+def test_multi_turn_chat_reuses_turns_with_equal_tokens_and_taps(thinker, graphs):
+    """With `graphs`, decode steps take the fixed-shape graph path (run eagerly on CPU), taps included."""
+    on, off = _engine(thinker, cuda_graphs=graphs), _engine(thinker, enable_prefix_caching=False)
     convo = _turn("system", b"you are brief")
     for i, user in enumerate((b"hello there", b"and then?", b"why so?")):
         prompt = convo + _turn("user", user) + _assistant()
@@ -68,6 +70,7 @@ def test_multi_turn_chat_reuses_turns_with_equal_tokens_and_taps(thinker):
         prev_computed = len(prompt) + GREEDY.max_tokens - 1  # the last sampled token is never computed
         convo = prompt + got + [IDS["<|im_end|>"], 10]
     on.scheduler.blocks.check()
+    assert (on.stats().get("decode_graph_steps", 0) > 0) == graphs
 
 
 def test_media_rows_are_part_of_the_key(thinker):
