@@ -408,7 +408,9 @@ def test_sampling_is_seeded_and_stays_in_the_codebook(oracle, refs, model):
 
 
 def test_fed_live_by_the_thinker_stage(oracle, refs, model):
-    """ThinkerStage and TalkerStage stepped in turn, the thinker's `hidden` chunks fed as they come."""
+    """ThinkerStage and TalkerStage stepped in turn, the thinker's `hidden` chunks fed as they come;
+    the same request again is served from both prefix caches (the thinker's taps of its cached
+    positions from its tap store) and gives the same codes."""
     from omni.models.qwen3_omni.thinker_stage import ThinkerStage
 
     ref = refs[0]
@@ -419,19 +421,22 @@ def test_fed_live_by_the_thinker_stage(oracle, refs, model):
     params = {"prompt_token_ids": ref.prompt, "speaker": ref.speaker,
               "sampling": {"thinker": {"temperature": 0, "max_tokens": len(ref.embed) - len(ref.prompt) + 1},
                            "talker": {"temperature": 0, "max_tokens": ref.max_tokens}}}
-    thinker.open("r", params)
-    talker.open("r", params)
-    out, done = {}, set()
-    while "r" not in done:
-        for e in thinker.step():
-            assert e.error is None
-            if e.port == "hidden":
-                talker.feed("r", "hidden", e.data)
-            if e.finish:
-                talker.close_input("r")
-        collect(talker.step(), out, done)
-    got = codes_of(out["r"])
-    assert got.shape == ref.codes.shape and (got == ref.codes).all()
+    for rid in ("r", "again"):
+        thinker.open(rid, params)
+        talker.open(rid, params)
+        out, done = {}, set()
+        while rid not in done:
+            for e in thinker.step():
+                assert e.error is None
+                if e.port == "hidden":
+                    talker.feed(rid, "hidden", e.data)
+                if e.finish:
+                    talker.close_input(rid)
+            collect(talker.step(), out, done)
+        got = codes_of(out[rid])
+        assert got.shape == ref.codes.shape and (got == ref.codes).all(), rid
+    assert thinker.stats()["prefix_cache_hit_tokens"] == (len(ref.prompt) - 1) // 8 * 8
+    assert talker.stats()["prefix_cache_hit_tokens"] > 0
 
 
 @pytest.mark.gpu
