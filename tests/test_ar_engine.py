@@ -540,3 +540,55 @@ def test_prefix_cache_abort_drops_references(models):
     assert b.output_token_ids == make_engine(models, enable_prefix_caching=False).generate([common + [3]], GREEDY)[0]
     assert all(bm._ref[x] == 0 for x in shared) and eng.stats()["free_blocks"] == eng.stats()["total_blocks"]
     bm.check()
+
+
+def test_prefix_cache_stats_reach_metrics(models, prompts):
+    pytest.importorskip("prometheus_client")
+    from omni.api.metrics import _StageCollector
+
+    eng = make_engine(models)
+    eng.generate([prompts[3]] * 2, GREEDY)
+    eng.generate([prompts[3]], GREEDY)
+    collector = _StageCollector()
+    collector.snapshot = {"thinker.0": eng.stats()}
+    gauges = {m.name: m.samples[0].value for m in collector.collect()}
+    assert gauges["omni_stage_prefix_cache_hit_tokens"] == 16 and gauges["omni_stage_prefix_cache_queried_tokens"] == 3 * 17
+    assert 0 < gauges["omni_stage_prefix_cache_hit_rate"] < 1
+
+
+@pytest.mark.parametrize("taps", [(), (0, 2)])
+def test_prefix_cache_random_traffic_keeps_invariants(models, taps):
+    """Requests sharing prefixes arrive, finish and get aborted at random in a small cache: every
+    finished output equals the cache-off output, and the block invariants hold after each step.
+    With taps, every other request returns them: each position's rows exactly once, in order."""
+    g = torch.Generator().manual_seed(12)
+    stems = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (9, 14, 5)]
+    reqs = [stems[i % 3] + torch.randint(0, VOCAB, (int(k),), generator=g).tolist()
+            for i, k in enumerate(torch.randint(1, 9, (14,), generator=g))]
+    off = make_engine(models, enable_prefix_caching=False)
+    want = [off.generate([p], GREEDY)[0] for p in reqs]
+    eng = make_engine(models, num_blocks=20, max_num_batched_tokens=12, max_num_seqs=5, tap_layers=taps)
+    seqs, pending, rows = {}, list(range(len(reqs))), {}
+    for step in range(2000):
+        if pending and step % 2 == 0:
+            i = pending.pop(0)
+            seqs[i] = eng.add_request(f"q{i}", reqs[i], GREEDY, return_hidden=bool(taps) and i % 2 == 0)
+        if step % 7 == 3:
+            live = [i for i, s in seqs.items() if not s.is_finished and i % 4 == 1]
+            if live:
+                eng.abort(f"q{live[0]}")
+        for o in eng.step():
+            if o.taps:
+                assert o.tap_start == rows.get(o.rid, 0)
+                rows[o.rid] = o.tap_start + o.taps[0].shape[0]
+        eng.scheduler.blocks.check()
+        if not pending and not eng.has_unfinished():
+            break
+    done = [i for i, s in seqs.items() if s.finish_reason is not None and s.finish_reason.value != "abort"]
+    assert len(done) >= 8
+    for i in done:
+        assert seqs[i].output_token_ids == want[i], i
+        if taps and i % 2 == 0:
+            assert rows[f"q{i}"] == seqs[i].num_tokens - 1
+    s = eng.stats()
+    assert s["prefix_cache_hit_tokens"] > 0 and s["num_preemptions"] > 0 and s["free_blocks"] == 20
