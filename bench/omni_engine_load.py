@@ -42,7 +42,7 @@ def engine_config(device: str, levels: list[int], prompt_len: int, max_tokens: i
     per_seq = -(-(prompt_len + max_tokens + 16) // 16)
     args = {"block_size": 16, "num_blocks": seqs * per_seq + 64, "max_num_seqs": seqs,
             "max_model_len": per_seq * 16, "max_num_batched_tokens": max(2048, seqs * prompt_len), "device": device,
-            "eos_token_ids": (151645,)}
+            "eos_token_ids": (151645,), "enable_prefix_caching": False}  # equal work: SGLang's radix cache is off too
     if device.startswith("cuda"):
         args.update(cuda_graphs=True, cuda_graph_max_batch=seqs, attention_backend="triton")
     return EngineConfig(**{**args, **extra})

@@ -8,7 +8,7 @@ length with `ignore_eos`, text only) at each concurrency level. Reports TTFT, TP
 system and level, and each omni system's ratios to SGLang alone.
 
 Equal work: the same prompts through each server's chat template (the same offline tokenizer), the
-same output length, radix (prefix) caching off in SGLang (omni's engine has no prefix cache), CUDA
+same output length, prefix caching off everywhere (SGLang's radix cache, the built-in engine's), CUDA
 graphs on everywhere, Triton attention everywhere (the GPU kit's SGLang has no FA3).
 
 Run:  python bench/sglang_peer.py --out-dir OUT [--systems sglang,omni-builtin,omni-sglang]
@@ -43,6 +43,7 @@ def server_command(system: str, model_dir: Path, text_dir: Path, port: int, max_
     sets += [f"thinker.args.max_num_seqs={max_seqs}", "thinker.args.max_model_len=4096", "thinker.start_timeout_s=480"]
     if system == "omni-builtin":
         sets += ["thinker.args.cuda_graphs=true", f"thinker.args.cuda_graph_max_batch={max_seqs}",
+                 "thinker.args.enable_prefix_caching=false",
                  "thinker.args.attention_backend=triton", f"thinker.args.num_blocks={max_seqs * 256 // 16 + 64}"]
     else:
         sets += ["thinker.args.backend=sglang", f"thinker.args.sglang_export_dir={text_dir.parent / 'export'}",

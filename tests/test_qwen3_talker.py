@@ -408,7 +408,9 @@ def test_sampling_is_seeded_and_stays_in_the_codebook(oracle, refs, model):
 
 
 def test_fed_live_by_the_thinker_stage(oracle, refs, model):
-    """ThinkerStage and TalkerStage stepped in turn, the thinker's `hidden` chunks fed as they come."""
+    """ThinkerStage and TalkerStage stepped in turn, the thinker's `hidden` chunks fed as they come;
+    the same request again is served from both prefix caches (the thinker's taps of its cached
+    positions from its tap store) and gives the same codes."""
     from omni.models.qwen3_omni.thinker_stage import ThinkerStage
 
     ref = refs[0]
@@ -419,19 +421,22 @@ def test_fed_live_by_the_thinker_stage(oracle, refs, model):
     params = {"prompt_token_ids": ref.prompt, "speaker": ref.speaker,
               "sampling": {"thinker": {"temperature": 0, "max_tokens": len(ref.embed) - len(ref.prompt) + 1},
                            "talker": {"temperature": 0, "max_tokens": ref.max_tokens}}}
-    thinker.open("r", params)
-    talker.open("r", params)
-    out, done = {}, set()
-    while "r" not in done:
-        for e in thinker.step():
-            assert e.error is None
-            if e.port == "hidden":
-                talker.feed("r", "hidden", e.data)
-            if e.finish:
-                talker.close_input("r")
-        collect(talker.step(), out, done)
-    got = codes_of(out["r"])
-    assert got.shape == ref.codes.shape and (got == ref.codes).all()
+    for rid in ("r", "again"):
+        thinker.open(rid, params)
+        talker.open(rid, params)
+        out, done = {}, set()
+        while rid not in done:
+            for e in thinker.step():
+                assert e.error is None
+                if e.port == "hidden":
+                    talker.feed(rid, "hidden", e.data)
+                if e.finish:
+                    talker.close_input(rid)
+            collect(talker.step(), out, done)
+        got = codes_of(out[rid])
+        assert got.shape == ref.codes.shape and (got == ref.codes).all(), rid
+    assert thinker.stats()["prefix_cache_hit_tokens"] == (len(ref.prompt) - 1) // 8 * 8
+    assert talker.stats()["prefix_cache_hit_tokens"] > 0
 
 
 @pytest.mark.gpu
@@ -444,3 +449,25 @@ def test_talker_on_cuda_matches_transformers(oracle, refs):
     got = run_concurrently(make_stage(bf16, device="cuda"), refs)
     codebook = oracle.hf.config.code2wav_config.codebook_size
     assert all(len(g) > 0 and g.min() >= 0 and g.max() < codebook for g in got.values())
+
+
+def test_prefix_cache_reuses_user_turns_and_never_mixes_inputs(refs, model):
+    """The user part of the talker's prefill is cached by the thinker rows it came from: the same
+    rows again hit (same codes); a changed row misses from its block on (codes of a cache-off run)."""
+    ref = refs[3]
+    stage = make_stage(model, block_size=4, num_blocks=192)
+    first = run_streamed(stage, ref, 10_000, False, rid="a")
+    assert (first == ref.codes).all()
+    stats = stage.engine.stats()
+    assert stats["prefix_cache_hit_tokens"] == 0
+    again = run_streamed(stage, ref, 10_000, False, rid="b")
+    hits = stage.engine.stats()["prefix_cache_hit_tokens"]
+    assert (again == ref.codes).all() and hits == 28  # 30 user rows: 7 full blocks; the assistant part is never cached
+    changed = Reference(**{**ref.__dict__, "embed": ref.embed.clone()})
+    changed.embed[30] += 0.5  # the thinker row behind the talker's user row 17 (block 4)
+    got = run_streamed(stage, changed, 10_000, False, rid="c")
+    assert stage.engine.stats()["prefix_cache_hit_tokens"] - hits == 16
+    want = run_streamed(make_stage(model, block_size=4, num_blocks=192, enable_prefix_caching=False), changed, 10_000, False)
+    assert (got == want).all()
+    assert stage.engine.scheduler.blocks.num_free_blocks == 192
+    stage.engine.scheduler.blocks.check()

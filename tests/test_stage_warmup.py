@@ -32,6 +32,10 @@ def test_warm_requests_run_to_the_end_and_leave_nothing(ckpt, kind):
     assert stage.engine.num_steps >= len(lengths) and not stage.engine.seqs and not stage.engine.has_unfinished()
     blocks = stage.engine.scheduler.blocks
     assert blocks.num_free_blocks == blocks.num_blocks  # every warm-up block returned
+    # warm prompts share prefixes: with the cache on they would skip the prefills they compile
+    assert blocks.caching and blocks.num_cached_free_blocks == 0 and blocks.queried_tokens == 0
+    computed = stage.engine.stats()["num_computed_tokens"]
+    assert computed >= sum(lengths)
 
 
 def test_code2wav_warm_up_decodes_first_and_steady_chunks(ckpt):

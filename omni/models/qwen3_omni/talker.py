@@ -10,6 +10,10 @@ A frame is computed only when the talker goes on (transformers computes a frame'
 codes while building the next step's input): not for codec EOS, nor for the last token
 allowed by max_tokens.
 
+Prefix caching (`prefix_key`): blocks of the prefill's user part (the conversation's user turns)
+are keyed by the thinker rows they were projected from and their rope positions, so turn N
+reuses turn N-1's; the assistant part and the codec frames are never cached.
+
 Every position's token id is a placeholder (`codec_pad`, a suppressed id): the model always
 supplies input embeddings, and the stage asks the engine to apply the repetition penalty to
 generated codes only, as transformers does for a talker prompted with embeddings.
@@ -21,6 +25,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
+from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +237,17 @@ class TalkerModel(nn.Module, ARModel):
             tail = torch.arange(max(start, n), end, dtype=torch.float32) + inputs.delta
             parts.append(tail.expand(3, -1))
         return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+    def prefix_key(self, seq, start: int, end: int) -> bytes | None:
+        """A user-part block: the bytes of its source thinker rows, their kind and rope positions."""
+        inputs = seq.model_state["talker"].inputs
+        source = inputs.user_source
+        if source is None or end > source.shape[0]:
+            return None  # the assistant part and the frames
+        h = blake2b(inputs.positions[:, start:end].contiguous().numpy().tobytes(), digest_size=16)
+        h.update(inputs.user_is_media[start:end])
+        h.update(source[start:end].view(torch.uint8).numpy().tobytes())
+        return h.digest()
 
     def input_embeds(self, seq, start: int, end: int) -> torch.Tensor:
         req: TalkerRequest = seq.model_state["talker"]

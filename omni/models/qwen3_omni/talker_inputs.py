@@ -123,6 +123,10 @@ class TalkerInputs:
         self._videos: list[VisionGrid] = []
         self.waiting_for_grids = False
         self.positions: torch.Tensor | None = None  # [3, L] float32 rope positions of the prefill
+        # prefix caching (TalkerModel.prefix_key): the thinker row each user-part row was projected
+        # from, on the host ([user rows, thinker H]), and whether it went through hidden_projection
+        self.user_source: torch.Tensor | None = None
+        self.user_is_media: bytes = b""
         self.delta = 0.0  # decode position = index + delta
         if prompt_ids is not None:
             self.set_prompt(prompt_ids)
@@ -258,6 +262,10 @@ class TalkerInputs:
             return rows
         pos_t = torch.tensor(user_pos, dtype=torch.long)
         is_mm = torch.tensor([ids[i] in self.ids.multimodal for i in user_pos], dtype=torch.bool)
+        source = embed[pos_t.to(embed.device)].clone()
+        if is_mm.any():
+            source[is_mm.to(source.device)] = hidden[pos_t[is_mm].to(hidden.device)].to(source.dtype)
+        self.user_source, self.user_is_media = source.cpu().contiguous(), bytes(is_mm.tolist())
         if is_mm.any():
             rows[is_mm.to(rows.device)] = self.parts.hidden_projection(hidden[pos_t[is_mm]]).to(rows.dtype)
         if (~is_mm).any():

@@ -10,11 +10,16 @@ Hidden-state taps (engine config `tap_layers`) follow transformers' `output_hidd
 tap 0 = input embeddings after the multimodal merge, tap i = output of decoder layer i - 1
 (before any deepstack addition), tap num_layers = the final normed hidden. The talker
 needs taps 0 and `accept_hidden_layer`.
+
+Prefix caching (`prefix_key`): a text-only sequence's KV is decided by its token ids; one with
+media also by each block's M-RoPE positions, merged embeddings and deepstack rows, hashed from
+host copies made once per request.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
+from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +242,25 @@ class Qwen3OmniThinker(nn.Module, ARModel):
         rows = torch.tensor(positions[lo:hi], device=self.device) - start
         emb[rows] = seq.model_state["mm_embeds"][lo:hi]
         return emb
+
+    def prefix_key(self, seq: Sequence, start: int, end: int) -> bytes:
+        """Beyond the token ids: the block's rope positions and the media rows merged or added there."""
+        st = seq.model_state
+        if "mrope" not in st and not st.get("mm_pos") and not st.get("deepstack_pos"):
+            return b""  # plain positions, token embeddings only
+        h = blake2b(self.positions(seq, start, end).contiguous().numpy().tobytes(), digest_size=16)
+        for pos_key, rows_key, axis in (("mm_pos", "mm_embeds", 0), ("deepstack_pos", "deepstack", 1)):
+            positions = st.get(pos_key)
+            if not positions:
+                continue
+            lo, hi = bisect_left(positions, start), bisect_left(positions, end)
+            host = st.get(f"{rows_key}_host")
+            if host is None:  # one copy per request, only for hashing
+                host = st[f"{rows_key}_host"] = st[rows_key].detach().cpu().contiguous()
+            rows = host[lo:hi] if axis == 0 else host[:, lo:hi]
+            h.update(rows_key.encode() + repr(positions[lo:hi]).encode())
+            h.update(rows.contiguous().view(torch.uint8).numpy().tobytes())
+        return h.digest()
 
     def positions(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
         """[3, end - start] float32: the prompt's M-RoPE positions, then index + delta."""

@@ -21,7 +21,10 @@ class EngineConfig:
 
     `num_blocks` x `block_size` token slots make the KV cache; it must hold at least one
     sequence of `max_model_len` tokens so that the oldest sequence can always make progress
-    (preemption frees every other sequence's blocks if needed).
+    (preemption frees every other sequence's blocks if needed). With `enable_prefix_caching`,
+    blocks nobody holds keep their content until an allocation needs them; a model takes part
+    through `ARModel.prefix_key` (sequences of models that cannot say what decides their KV are
+    never cached).
     """
 
     block_size: int = 16
@@ -30,6 +33,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True  # reuse computed full blocks of earlier prompts (block_manager.py)
     device: str = "cpu"
     dtype: str = ""  # KV cache dtype; "" = the model's dtype
     tap_layers: tuple[int, ...] = ()  # hidden-state taps: 0 = embeddings, i = output of layer i

@@ -23,6 +23,7 @@ from omni.stages.ar.runner import ModelRunner
 from omni.stages.ar.sampler import Sampler
 from omni.stages.ar.scheduler import Scheduler
 from omni.stages.ar.sequence import FinishReason, SamplingParams, Sequence
+from omni.stages.ar.tap_store import TapStore
 
 
 _gen_ids = itertools.count()
@@ -72,7 +73,10 @@ class AREngine:
             spec.num_layers, config.num_blocks + int(graphs), config.block_size, spec.num_kv_heads, spec.head_dim,
             dtype, config.device,
         )
-        self.scheduler = Scheduler(config, ready=model.input_ready)
+        self.scheduler = Scheduler(config, ready=model.input_ready, prefix_key=model.prefix_key)
+        # taps of prefix-cached positions (tap_store.py)
+        self.tap_store = TapStore(config.num_blocks * config.block_size, config.block_size, config.device) \
+            if config.enable_prefix_caching and config.tap_layers else None
         if spec.vocab_size < 1:
             raise InvalidRequest(f"{type(model).__name__}.kv_cache_spec() must give vocab_size (the logits' width)")
         self.sampler = Sampler(spec.vocab_size, config.max_num_seqs, config.device, model.logits_processors())
@@ -87,6 +91,7 @@ class AREngine:
         self.eos = frozenset(config.eos_token_ids)
         self.num_steps = 0
         self.num_generated = 0
+        self.num_computed = 0  # tokens run through the model (prefix-cache hits are not)
 
     def warmup(self, tap_variants: list[tuple[int, ...]] | None = None) -> int:
         """Capture every decode graph serving can hit (on CUDA, with `cuda_graphs`), so that no
@@ -168,6 +173,9 @@ class AREngine:
         batch = self.runner.prepare(sched.scheduled, taps)
         out = self.runner.run(batch)
         self.num_steps += 1
+        self.num_computed += sched.num_tokens
+        if taps and self.tap_store is not None:
+            self.tap_store.write([s for s in batch.spans if s.seq.return_hidden], {t: out.taps[t] for t in taps})
 
         sampling = [span for span in batch.spans if span.end == span.seq.num_tokens]
         token_ids: list[int] = []
@@ -188,14 +196,20 @@ class AREngine:
             entries = self._logprobs(seqs, hidden, logits, token_ids)
 
         results: dict[str, StepOutput] = {}
+        blocks = self.scheduler.blocks
         for span in batch.spans:
             seq = span.seq
             seq.num_computed_tokens = span.end
+            blocks.cache_computed(seq)
             res = results[seq.rid] = StepOutput(seq.rid, num_prompt_tokens=seq.num_prompt_tokens)
             if seq.return_hidden and taps and span.end > seq.num_tapped_tokens:
                 first = max(span.start, seq.num_tapped_tokens)
                 lo, hi = span.row + first - span.start, span.row + span.num_tokens
                 res.taps = {t: out.taps[t][lo:hi].clone() for t in taps}
+                if first > seq.num_tapped_tokens:  # prefix-cached positions: their rows were kept
+                    cached = self.tap_store.read(seq.block_table, seq.num_tapped_tokens, first, taps)
+                    res.taps = {t: torch.cat((cached[t], res.taps[t])) for t in taps}
+                    first = seq.num_tapped_tokens
                 res.tap_start = first
                 res.tap_token_ids = seq.token_ids(first, span.end)
                 seq.num_tapped_tokens = span.end
@@ -259,6 +273,11 @@ class AREngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "num_steps": self.num_steps,
             "num_generated_tokens": self.num_generated,
+            "num_computed_tokens": self.num_computed,
+            "cached_free_blocks": blocks.num_cached_free_blocks,
+            "prefix_cache_hit_tokens": blocks.hit_tokens,
+            "prefix_cache_queried_tokens": blocks.queried_tokens,
+            "prefix_cache_hit_rate": blocks.hit_tokens / blocks.queried_tokens if blocks.queried_tokens else 0.0,
             **(self.runner.graphs.stats() if self.runner.graphs is not None else {}),
         }
 

@@ -23,6 +23,12 @@ Rules an adapter must keep:
   input embeddings (after any multimodal merge), tap i (1 <= i < num_layers) the output of
   decoder layer i-1, tap num_layers the final normed hidden. Return every tap in
   `batch.tap_layers` for every token of the batch.
+- Prefix caching: `prefix_key(seq, start, end)` says what, besides the token ids, decides the
+  keys/values of the full block [start, end) given those of the positions before it (embeddings,
+  rope positions, any per-sequence input `forward` reads). A cache hit must give the KV that
+  recomputing would, so a model that cannot say returns None and its sequence is not cached
+  from that block on. The default is safe: token ids alone (b"") for an adapter that overrides
+  none of `prepare`, `input_embeds`, `positions`; None otherwise.
 """
 
 from __future__ import annotations
@@ -156,6 +162,14 @@ class ARModel:
         (float allowed: Qwen3-Omni video positions can be fractional). Every sequence of one
         model must return the same shape and dtype (they are concatenated)."""
         return torch.arange(start, end, dtype=torch.long)
+
+    def prefix_key(self, seq: "Sequence", start: int, end: int) -> bytes | None:
+        """The content key of the full block [start, end) beyond its token ids, or None to keep
+        it and the rest of `seq` out of the prefix cache (see the module's rules)."""
+        cls = type(self)
+        if cls.prepare is ARModel.prepare and cls.input_embeds is ARModel.input_embeds and cls.positions is ARModel.positions:
+            return b""
+        return None
 
     def input_ready(self, seq: "Sequence") -> bool:
         """False parks `seq` until the adapter has the input its next step needs."""

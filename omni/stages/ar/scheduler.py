@@ -7,6 +7,8 @@ Each step spends at most `max_num_batched_tokens` tokens:
    out, the newest running sequence is preempted: its blocks return and it goes back to
    the head of the waiting queue to be recomputed later.
 2. then waiting sequences, first come first served, while `max_num_seqs` and blocks allow.
+   With prefix caching a sequence being admitted first shares the cached blocks that match its
+   leading full blocks (`BlockManager.match`): its computation starts past them.
 
 Why no deadlock: the config guarantees one `max_model_len` sequence fits the cache, and
 the oldest running sequence may preempt every newer one, so it always progresses.
@@ -19,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from omni.stages.ar.block_manager import BlockManager
+from omni.stages.ar.block_manager import BlockManager, KeyFn
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.sequence import FinishReason, Sequence, SequenceStatus
 
@@ -58,11 +60,13 @@ def _always_ready(seq: Sequence) -> bool:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, ready: Callable[[Sequence], bool] | None = None) -> None:
+    def __init__(self, config: EngineConfig, ready: Callable[[Sequence], bool] | None = None,
+                 prefix_key: KeyFn | None = None) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.chunked_prefill = config.enable_chunked_prefill
-        self.blocks = BlockManager(config.num_blocks, config.block_size)
+        self.blocks = BlockManager(config.num_blocks, config.block_size, caching=config.enable_prefix_caching,
+                                   key_fn=prefix_key, tapping=bool(config.tap_layers))
         self.ready = ready or _always_ready
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -87,11 +91,17 @@ class Scheduler:
             return False
         for seq in self.waiting:
             if self.ready(seq):
-                n = min(seq.num_uncomputed_tokens, self.max_num_batched_tokens)
-                if not self.chunked_prefill and seq.num_uncomputed_tokens > self.max_num_batched_tokens:
+                hits, cached, left = self._lookup(seq)
+                if not self.chunked_prefill and left > self.max_num_batched_tokens:
                     return False
-                return self.blocks.can_allocate(seq, n)
+                return self.blocks.can_admit(seq, hits, cached + min(left, self.max_num_batched_tokens))
         return False
+
+    def _lookup(self, seq: Sequence) -> tuple[list[int], int, int]:
+        """A waiting sequence's cached blocks, the tokens they hold, and the tokens left to compute."""
+        hits = self.blocks.match(seq)
+        cached = len(hits) * self.blocks.block_size
+        return hits, cached, seq.num_tokens - cached
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -116,14 +126,15 @@ class Scheduler:
                 break
             if not self.ready(seq):
                 continue
-            n = seq.num_uncomputed_tokens
+            hits, cached, n = self._lookup(seq)
             if n > budget:
                 if not self.chunked_prefill:
                     break
                 n = budget
-            if not self.blocks.can_allocate(seq, n):
+            if not self.blocks.can_admit(seq, hits, cached + n):
                 break
-            self.blocks.allocate(seq, n)
+            self.blocks.admit(seq, hits)
+            self.blocks.allocate(seq, cached + n)
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

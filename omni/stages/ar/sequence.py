@@ -124,6 +124,13 @@ class Sequence:
     num_computed_tokens: int = 0
     num_tapped_tokens: int = 0  # positions whose taps were already returned (survives preemption)
     block_table: list[int] = field(default_factory=list)
+    # prefix caching (block_manager.py): chained content hashes of the first full blocks (kept
+    # across preemption: they depend on the tokens only), how many leading blocks of the table are
+    # in the cache, whether the model opted out from some block on, prompt tokens served by the cache
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_cached_blocks: int = 0
+    uncacheable: bool = False
+    num_cached_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0

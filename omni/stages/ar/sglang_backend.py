@@ -128,6 +128,8 @@ class SGLangEngine:
             args["dtype"] = config.dtype
         if str(config.device).startswith("cuda:"):
             args["base_gpu_id"] = int(str(config.device).split(":", 1)[1])
+        if not config.enable_prefix_caching:
+            args["disable_radix_cache"] = True  # SGLang's own prefix cache (its radix tree)
         if self.tap_layers:
             args.update(vendor.taps_server_args(self.tap_layers))
         args.update(server_args or {})

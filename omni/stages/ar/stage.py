@@ -138,6 +138,21 @@ class ARStage(Stage):
         if not requests:
             return 0
         t0 = time.monotonic()
+        # prefix caching off meanwhile: warm prompts share prefixes, and a hit would skip the very
+        # prefill shapes they are there to compile (nor should they leave blocks in the cache)
+        blocks = getattr(getattr(self.engine, "scheduler", None), "blocks", None)
+        caching = getattr(blocks, "caching", False)
+        if caching:
+            blocks.caching = False
+        try:
+            self._run_warm(requests)
+        finally:
+            if caching:
+                blocks.caching = True
+        log.info("stage %s: %d warm-up requests in %.1f s", self.ctx.name, len(requests), time.monotonic() - t0)
+        return len(requests)
+
+    def _run_warm(self, requests: list) -> None:
         for i, (params, chunks) in enumerate(requests):
             rid = f"__warm-{i}"
             self.open(rid, params)
@@ -152,8 +167,6 @@ class ARStage(Stage):
                 if any(e.rid == rid and e.finish for e in emits):
                     break
             self.abort(rid)
-        log.info("stage %s: %d warm-up requests in %.1f s", self.ctx.name, len(requests), time.monotonic() - t0)
-        return len(requests)
 
     def tap_variants(self) -> list[tuple[int, ...]]:
         """The tap sets this stage's decode steps ask for: always its taps when it feeds a hidden
