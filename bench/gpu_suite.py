@@ -45,7 +45,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from serve_report import machine, now_iso, plot, say  # noqa: E402
 from suite_report import cold_vs_warm, comparison, markdown, merge_levels  # noqa: E402
 from suite_support import (child_env, free_port, gpu_name, health_ok, kill_group, last_line, read_json,  # noqa: E402
-                           write_scaled_hf_checkpoint)
+                           run_phase, write_scaled_hf_checkpoint)
 
 GPU_STAGES = ("audio_encoder", "vision_encoder", "thinker", "talker", "code2wav")
 PY = sys.executable
@@ -87,29 +87,8 @@ class Suite:
 
     def run(self, name: str, cmd: list[str], limit: float, env: dict | None = None) -> dict:
         """A child in its own process group, killed with it past `limit`; output to OUT/<name>.log."""
-        phase = {"name": name, "command": shlex.join(cmd), "limit_s": round(limit, 1)}
+        phase = run_phase(self.phases, self.out, name, cmd, limit, self.t0, env)
         self.commands.append(phase["command"])
-        self.phases.append(phase)
-        if limit < 5:
-            phase["status"] = "skipped (no time left)"
-            return phase
-        say(f"[{self.elapsed()}] {name}: {phase['command']} (limit {limit:.0f}s)")
-        t = time.monotonic()
-        with open(self.out / f"{name}.log", "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    cwd=ROOT, env=child_env(env))
-            try:
-                rc = proc.wait(timeout=limit)
-                phase["status"] = "ok" if rc == 0 else f"failed (rc {rc}, see {name}.log)"
-            except subprocess.TimeoutExpired:
-                kill_group(proc, grace=5)
-                phase["status"] = f"timed out after {limit:.0f}s (partial)"
-            except BaseException:  # SIGTERM / Ctrl-C of the suite: the child's own session would outlive it
-                kill_group(proc, grace=2)
-                phase["status"] = "interrupted"
-                raise
-        phase["seconds"] = round(time.monotonic() - t, 1)
-        say(f"[{self.elapsed()}] {name}: {phase['status']} in {phase['seconds']}s")
         return phase
 
     def elapsed(self) -> str:

@@ -96,21 +96,14 @@ class DecodeGraphs:
     # ---- start-up ---------------------------------------------------------------------
     def keys(self, form: DecodeForm, tap_variants: list[tuple[int, ...]]) -> list[tuple]:
         """Every key a decode step can have with this model's input form."""
-        if self.decode_kernel is not None:
-            ctx = [self.max_blocks]
-        else:
-            ctx, blocks = [], MIN_CTX_BLOCKS
-            while True:
-                ctx.append(min(blocks, self.max_blocks))
-                if blocks >= self.max_blocks:
-                    break
-                blocks *= 2
+        bs = self.block_size
+        ctx = {self._ctx_blocks_for(n * bs) for n in range(1, self.max_blocks + 1)}  # the buckets steps take
         modes: list[SampleMode | None] = [None]
         if self.sampler is not None:
             small = self.sampler.vocab_size <= SMALL_VOCAB
             modes = [SampleMode.FILTER] if small else [SampleMode.SAMPLE, SampleMode.FILTER]
         return [(size, c, tuple(taps), form.embeds, tuple(form.pos_lead), form.pos_dtype, mode)
-                for size in self.sizes for c in sorted(set(ctx)) for taps in tap_variants for mode in modes]
+                for size in self.sizes for c in sorted(ctx) for taps in tap_variants for mode in modes]
 
     def capture_all(self, form: DecodeForm, tap_variants: list[tuple[int, ...]], progress=None) -> int:
         """Capture every key up front (before the stage says it is ready); returns the count.
