@@ -31,7 +31,7 @@ from omni.api.schemas import (
 )
 
 if TYPE_CHECKING:
-    from omni.api.app import ServedModel, ServerState
+    from omni.api.state import ServedModel, ServerState
 
 THINKER = "thinker"  # the key of the text model's sampling in params["sampling"]
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from omni.layers.rotary import rope_inv_freq
 from omni.models.weights import CheckpointError
 
 LOAD_FORMATS = ("auto", "safetensors", "random")
@@ -90,13 +91,12 @@ def check_materialized(module: nn.Module) -> None:
 
 def random_thinker(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: float = DEFAULT_STD):
     """`Qwen3OmniThinker` (text model + lm_head) of `cfg` (a ThinkerConfig) with random weights."""
-    from omni.models.qwen3_omni.modules.rope import inv_freq
     from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
 
     with _meta(dtype):
         model = Qwen3OmniThinker(cfg, dtype)
     randomize_(model, device, seed, std)
-    model.inv_freq = inv_freq(cfg.text.head_dim, cfg.text.rope_theta).to(device)
+    model.inv_freq = rope_inv_freq(cfg.text.head_dim, cfg.text.rope_theta).to(device)
     check_materialized(model)
     return model
 
@@ -105,7 +105,6 @@ def random_talker(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: f
     """`TalkerModel` (+ code predictor) of `cfg` (a Qwen3OmniConfig); the tts rows come from random
     thinker embedding rows through the (random) text projection, as a real load computes them."""
     from omni.models.qwen3_omni.modules.talker import TalkerModel
-    from omni.models.qwen3_omni.modules.talker_layers import rope_inv_freq
 
     with _meta(dtype):
         model = TalkerModel(cfg)
@@ -131,8 +130,7 @@ def random_code2wav(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std:
     with torch.no_grad():
         model.code_offset = (torch.arange(cfg.num_quantizers, device=device).view(1, -1, 1) * cfg.codebook_size)
         pre = model.pre_transformer
-        pre.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float, device=device)
-                                                 / cfg.head_dim))
+        pre.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, device)
     check_materialized(model)
     return model
 
@@ -151,15 +149,12 @@ def random_audio_encoder(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0,
 
 def random_vision_encoder(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: float = DEFAULT_STD):
     """`VisionEncoder` of `cfg` (a VisionEncoderConfig)."""
-    from omni.models.qwen3_omni.modules.vision_encoder import VisionEncoder
+    from omni.models.qwen3_omni.modules.vision_encoder import VisionEncoder, vision_inv_freq
 
     with _meta(dtype):
         model = VisionEncoder(cfg)
     randomize_(model, device, seed, std)
-    head_dim = cfg.hidden_size // cfg.num_heads
-    theta = float((cfg.raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))
-    quarter = head_dim // 2
-    model.inv_freq = 1.0 / theta ** (torch.arange(0, quarter, 2, dtype=torch.float, device=device) / quarter)
+    model.inv_freq = vision_inv_freq(cfg, device)
     check_materialized(model)
     return model
 
