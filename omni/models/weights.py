@@ -105,7 +105,8 @@ def load_into(
     module, ckpt_dir: str | Path, prefix: str, dtype=None, device: str = "cpu", allow_unused: bool = False
 ) -> None:
     """Fill `module`'s parameters and persistent buffers from `prefix`; every one must be present
-    with its exact shape, and (unless `allow_unused`) no tensor under the prefix may be left over."""
+    with its exact shape, and (unless `allow_unused`) no tensor under the prefix may be left over.
+    The module comes back in eval mode without gradients (weights to serve)."""
     want = module.state_dict()
     state = load_state_dict(ckpt_dir, prefix, device=device, dtype=dtype, expect=want.keys())
     unused = sorted(set(state) - set(want))
@@ -118,6 +119,7 @@ def load_into(
                 f"{prefix}.{name}: checkpoint shape {tuple(tensor.shape)} != module {tuple(want[name].shape)}"
             )
     module.load_state_dict(state, strict=True, assign=True)
+    module.eval().requires_grad_(False)
 
 
 def load_weights(module, tensors, prefix: str) -> None:

@@ -19,23 +19,10 @@ import torch
 from torch import nn
 
 from omni.layers.rotary import rope_inv_freq
+from omni.models.loading import load_format, model_dir
 from omni.models.weights import CheckpointError
 
-LOAD_FORMATS = ("auto", "safetensors", "random")
 DEFAULT_STD = 0.02
-
-
-def load_format(args: dict[str, Any]) -> str:
-    """The stage's `load_format` arg ("auto" when absent); a typed error for an unknown one."""
-    fmt = str(args.get("load_format") or "auto")
-    if fmt not in LOAD_FORMATS:
-        raise CheckpointError(f"load_format {fmt!r} is not one of {LOAD_FORMATS}")
-    return fmt
-
-
-def is_random(args: dict[str, Any]) -> bool:
-    return load_format(args) == "random"
-
 
 # torch's default dtype is process-wide: stages setting up at once in one process (inline mode) take turns
 _DEFAULT_DTYPE_LOCK = threading.Lock()
@@ -174,16 +161,16 @@ def random_part(part: str, args: dict[str, Any], device) -> nn.Module | None:
     Reads the config from `args["model_dir"]` (or `args["model"]`); `dtype` defaults to bfloat16
     (the published weights' dtype); `seed` (default 0) picks the weights.
     """
-    if not is_random(args):
+    if load_format(args) != "random":
         return None
     from omni.models.qwen3_omni.config import load_config
 
-    model_dir = args.get("model_dir") or args.get("model")
-    if not isinstance(model_dir, str):
+    where = model_dir(args)
+    if where is None:
         raise CheckpointError(f"{part}: load_format='random' needs a model_dir with a config.json")
-    cfg = load_config(model_dir)
+    cfg = load_config(where)
     if part not in ("thinker", "audio_encoder", "vision_encoder") and cfg.talker is None:
-        raise CheckpointError(f"{model_dir} has no audio output, so no {part}")
+        raise CheckpointError(f"{where} has no audio output, so no {part}")
     build, sub = _BUILDERS[part](cfg)
     dtype = getattr(torch, args.get("dtype") or "bfloat16")
     return build(sub, device=device, dtype=dtype, seed=int(args.get("seed") or 0) + list(_BUILDERS).index(part))
