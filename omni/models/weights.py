@@ -122,6 +122,16 @@ def load_into(
     module.eval().requires_grad_(False)
 
 
+def load_module(make, ckpt_dir: str | Path, prefix: str, dtype=None, device: str = "cpu"):
+    """`make()` built on `device` (no host copy), then filled from `prefix` by `load_into`."""
+    import torch
+
+    with torch.device(device):
+        module = make()
+    load_into(module, ckpt_dir, prefix, dtype=dtype, device=device)
+    return module
+
+
 def load_weights(module, tensors, prefix: str) -> None:
     """Copy `tensors[prefix + name]` into every parameter of `module`.
 

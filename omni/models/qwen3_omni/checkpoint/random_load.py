@@ -76,15 +76,24 @@ def check_materialized(module: nn.Module) -> None:
                 raise RuntimeError(f"random load left {mod_name + '.' if mod_name else ''}{name} on the meta device")
 
 
+@contextlib.contextmanager
+def _randomized(make, device, dtype: torch.dtype, seed: int, std: float):
+    """`make()` built on the meta device, its parameters drawn on `device`; the body refills the
+    non-parameter tensors (under no_grad), then every tensor must be materialized."""
+    with _meta(dtype):
+        model = make()
+    randomize_(model, device, seed, std)
+    with torch.no_grad():
+        yield model
+    check_materialized(model)
+
+
 def random_thinker(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: float = DEFAULT_STD):
     """`Qwen3OmniThinker` (text model + lm_head) of `cfg` (a ThinkerConfig) with random weights."""
     from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
 
-    with _meta(dtype):
-        model = Qwen3OmniThinker(cfg, dtype)
-    randomize_(model, device, seed, std)
-    model.inv_freq = rope_inv_freq(cfg.text.head_dim, cfg.text.rope_theta).to(device)
-    check_materialized(model)
+    with _randomized(lambda: Qwen3OmniThinker(cfg, dtype), device, dtype, seed, std) as model:
+        model.inv_freq = rope_inv_freq(cfg.text.head_dim, cfg.text.rope_theta).to(device)
     return model
 
 
@@ -93,17 +102,13 @@ def random_talker(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: f
     thinker embedding rows through the (random) text projection, as a real load computes them."""
     from omni.models.qwen3_omni.modules.talker import TalkerModel
 
-    with _meta(dtype):
-        model = TalkerModel(cfg)
-    randomize_(model, device, seed, std)
     t = cfg.talker
-    model.inv_freq = rope_inv_freq(t.text.head_dim, t.text.rope_theta).to(device)
-    model.code_predictor.inv_freq = rope_inv_freq(t.code_predictor.head_dim, t.code_predictor.rope_theta).to(device)
-    gen = torch.Generator(device=device).manual_seed(int(seed) + 1)
-    rows = torch.randn(3, t.thinker_hidden_size, generator=gen, device=device, dtype=torch.float32) * std
-    with torch.no_grad():
+    with _randomized(lambda: TalkerModel(cfg), device, dtype, seed, std) as model:
+        model.inv_freq = rope_inv_freq(t.text.head_dim, t.text.rope_theta).to(device)
+        model.code_predictor.inv_freq = rope_inv_freq(t.code_predictor.head_dim, t.code_predictor.rope_theta).to(device)
+        gen = torch.Generator(device=device).manual_seed(int(seed) + 1)
+        rows = torch.randn(3, t.thinker_hidden_size, generator=gen, device=device, dtype=torch.float32) * std
         model.tts_embeds.copy_(model.text_projection(rows.to(model.tts_embeds.dtype)))
-    check_materialized(model)
     return model
 
 
@@ -111,14 +116,9 @@ def random_code2wav(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std:
     """`Code2Wav` of `cfg` (a Code2WavConfig)."""
     from omni.models.qwen3_omni.modules.code2wav import Code2Wav
 
-    with _meta(dtype):
-        model = Code2Wav(cfg)
-    randomize_(model, device, seed, std)
-    with torch.no_grad():
+    with _randomized(lambda: Code2Wav(cfg), device, dtype, seed, std) as model:
         model.code_offset = (torch.arange(cfg.num_quantizers, device=device).view(1, -1, 1) * cfg.codebook_size)
-        pre = model.pre_transformer
-        pre.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, device)
-    check_materialized(model)
+        model.pre_transformer.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, device)
     return model
 
 
@@ -126,11 +126,8 @@ def random_audio_encoder(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0,
     """`AudioEncoder` of `cfg` (an AudioEncoderConfig)."""
     from omni.models.qwen3_omni.modules.audio_encoder import AudioEncoder, sinusoids
 
-    with _meta(dtype):
-        model = AudioEncoder(cfg)
-    randomize_(model, device, seed, std)
-    model.positions = sinusoids(cfg.max_source_positions, cfg.d_model).to(device)  # float32, as a real load
-    check_materialized(model)
+    with _randomized(lambda: AudioEncoder(cfg), device, dtype, seed, std) as model:
+        model.positions = sinusoids(cfg.max_source_positions, cfg.d_model).to(device)  # float32, as a real load
     return model
 
 
@@ -138,11 +135,8 @@ def random_vision_encoder(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0
     """`VisionEncoder` of `cfg` (a VisionEncoderConfig)."""
     from omni.models.qwen3_omni.modules.vision_encoder import VisionEncoder, vision_inv_freq
 
-    with _meta(dtype):
-        model = VisionEncoder(cfg)
-    randomize_(model, device, seed, std)
-    model.inv_freq = vision_inv_freq(cfg, device)
-    check_materialized(model)
+    with _randomized(lambda: VisionEncoder(cfg), device, dtype, seed, std) as model:
+        model.inv_freq = vision_inv_freq(cfg, device)
     return model
 
 

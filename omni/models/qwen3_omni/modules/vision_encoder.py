@@ -21,7 +21,7 @@ from omni.kernel.errors import InvalidRequest
 from omni.layers.mlp import MLP
 from omni.layers.rotary import apply_rope, cos_sin, rope_inv_freq
 from omni.models.qwen3_omni.config import VisionEncoderConfig, load_config
-from omni.models.weights import load_into
+from omni.models.weights import load_module
 
 PREFIX = "thinker.visual"
 
@@ -106,10 +106,7 @@ class VisionEncoder(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | Path, dtype=None, device: str = "cpu") -> "VisionEncoder":
-        with torch.device(device):
-            model = cls(load_config(ckpt_dir).thinker.vision)
-        load_into(model, ckpt_dir, PREFIX, dtype=dtype, device=device)
-        return model.eval()
+        return load_module(lambda: cls(load_config(ckpt_dir).thinker.vision), ckpt_dir, PREFIX, dtype, device)
 
     @torch.inference_mode()
     def forward(self, pixels: list[torch.Tensor], grids: list[tuple[int, int, int]]) -> list[VisionOutput]:
