@@ -102,9 +102,9 @@ def bench_bus(n: int, tmp: str) -> list[float]:
         mailbox.start()
         proc.start()
         outbox = Outbox(lambda peer: ping, "bench")
-        msg, times = m.RequestChunk("r" * 32, "a.out->b.in", {"token_ids": [1, 2, 3]}), []
+        msg, times = m.RequestChunk("r" * 32, 0, {"token_ids": [1, 2, 3]}), []
         for i in range(n):
-            msg.seq = i
+            msg.meta["token_ids"][0] = i
             t0 = time.perf_counter_ns()
             while not outbox.send("echo", msg):  # the echo process may still be starting
                 await asyncio.sleep(0.01)

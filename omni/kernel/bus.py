@@ -20,16 +20,12 @@ from omni.kernel import messages as m
 log = logging.getLogger("omni.bus")
 
 
-def context() -> zmq.Context:
-    return zmq.Context.instance()
-
-
 class Mailbox:
     """One bound PULL socket; `handler(frames)` runs on the loop for every message."""
 
     def __init__(self, address: str, handler: Callable[[list[Any]], None], name: str) -> None:
         self.name = name
-        self.sock = context().socket(zmq.PULL)
+        self.sock = zmq.Context.instance().socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.bind(address)
@@ -46,9 +42,7 @@ class Mailbox:
         while not sock.closed:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            except zmq.ZMQError:
+            except zmq.ZMQError:  # zmq.Again: nothing more to read now
                 return
             try:
                 self._handler(frames)
@@ -71,12 +65,11 @@ class Outbox:
         self.name = name
         self._address_of = address_of
         self._peers: dict[str, zmq.Socket] = {}
-        self.dropped = 0
 
     def _socket(self, peer: str) -> zmq.Socket:
         sock = self._peers.get(peer)
         if sock is None:
-            sock = context().socket(zmq.PUSH)
+            sock = zmq.Context.instance().socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 0)  # bounded by credits and admission, not by zmq
             sock.connect(self._address_of(peer))
@@ -88,7 +81,6 @@ class Outbox:
             self._socket(peer).send_multipart([m.encode(msg), *(frames or [])], zmq.NOBLOCK, copy=False)
             return True
         except zmq.ZMQError as exc:  # zmq.Again: no pipe to the peer, it is gone
-            self.dropped += 1
             log.warning("%s dropped a %s for %s: %s", self.name, type(msg).__name__, peer, exc)
             return False
 

@@ -40,7 +40,7 @@ async def _watch_parent(actor: Any, parent_pid: int) -> None:
 async def _serve(config: dict[str, Any]) -> None:
     from omni.kernel.actor import Actor
     from omni.kernel.graph import Graph
-    from omni.kernel.rundir import actor_name, remove_socket, shm_owner, unlink_shm_prefix
+    from omni.kernel.rundir import KERNEL, actor_name, remove_socket, shm_owner, unlink_shm_prefix
 
     graph = Graph.from_dict(config["graph"])
     actor = Actor(graph, config["stage"], config["replica"], config["run_dir"], config["instance"])
@@ -49,13 +49,13 @@ async def _serve(config: dict[str, Any]) -> None:
         loop.add_signal_handler(sig, actor.stop)
     watcher = asyncio.create_task(_watch_parent(actor, config["parent_pid"]))
     try:
-        await actor.run({"pid": os.getpid()})
+        await actor.run()
     finally:
         watcher.cancel()
         unlink_shm_prefix(shm_owner(config["instance"], config["stage"], config["replica"]))
         remove_socket(config["run_dir"], actor_name(config["stage"], config["replica"]))
         if os.getppid() != config["parent_pid"]:  # the kernel crashed: tidy what it left
-            remove_socket(config["run_dir"], "kernel")
+            remove_socket(config["run_dir"], KERNEL)
             try:
                 os.rmdir(config["run_dir"])  # the last actor out removes the directory
             except OSError:

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
+KERNEL = "kernel"  # the kernel's mailbox, among the actors' (`<stage>.<replica>`)
 
 
 def new_instance_id() -> str:
