@@ -72,8 +72,8 @@ def _bus_echo(ping: str, pong: str, n: int) -> None:
         outbox = Outbox(lambda peer: pong, "echo")
         count = [0]
 
-        def handle(frames: list) -> None:
-            outbox.send("bench", m.decode(frames[0].buffer))
+        def handle(msg: m.Msg, frames: list) -> None:
+            outbox.send("bench", msg)
             count[0] += 1
             if count[0] == n:
                 done.set_result(None)
@@ -98,7 +98,7 @@ def bench_bus(n: int, tmp: str) -> list[float]:
 
     async def main() -> list[float]:
         replies: asyncio.Queue = asyncio.Queue()
-        mailbox = Mailbox(pong, lambda frames: replies.put_nowait(m.decode(frames[0].buffer)), "bench")
+        mailbox = Mailbox(pong, lambda msg, frames: replies.put_nowait(msg), "bench")
         mailbox.start()
         proc.start()
         outbox = Outbox(lambda peer: ping, "bench")

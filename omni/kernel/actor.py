@@ -17,8 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from omni.kernel import messages as m
 from omni.kernel.bus import Mailbox, Outbox
 from omni.kernel.channels import ChannelFull, Readers, channel_of, is_array, load_channel
@@ -49,7 +47,7 @@ class Actor:
         self.spec = graph.stage(stage)
         self.replica = replica
         self.name = actor_name(stage, replica)
-        self.mailbox = Mailbox(endpoint(run_dir, self.name), self._on_frames, self.name)
+        self.mailbox = Mailbox(endpoint(run_dir, self.name), self._dispatch, self.name)
         self.outbox = Outbox(lambda peer: endpoint(run_dir, peer), self.name)
         self.driver = StageDriver(graph, stage, replica)
         self.out_edges = graph.outgoing(stage)
@@ -64,7 +62,6 @@ class Actor:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"compute-{self.name}")
         self._stopping = asyncio.Event()
         self._main_task: asyncio.Task | None = None
-        self.dropped = 0  # malformed or unknown messages
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -109,16 +106,6 @@ class Actor:
 
     # ---- inbound --------------------------------------------------------------------------
 
-    def _on_frames(self, frames: list[Any]) -> None:
-        try:
-            self._dispatch(m.decode(frames[0].buffer), frames[1:])
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self.dropped += 1
-            log.warning("%s dropped a malformed message: %s", self.name, exc)
-        except Exception:
-            self.dropped += 1
-            log.exception("%s failed to handle a message; dropped", self.name)
-
     def _dispatch(self, msg: m.AnyMsg, frames: list[Any]) -> None:
         match msg:
             case m.RequestOpen():
@@ -147,7 +134,7 @@ class Actor:
             case m.ActorShutdown():
                 self.stop()
             case _:
-                self.dropped += 1
+                self.mailbox.dropped += 1
                 log.warning("%s dropped an unexpected %s", self.name, type(msg).__name__)
         self._wake.set()
 
@@ -326,4 +313,4 @@ class Actor:
             await asyncio.sleep(HEARTBEAT_S)
 
     def stats(self) -> dict[str, Any]:
-        return {**self.driver.stats(), "dropped_messages": self.dropped, "time": time.time()}
+        return {**self.driver.stats(), "dropped_messages": self.mailbox.dropped, "time": time.time()}

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import Any, Callable
 
+import msgspec
 import zmq
 
 from omni.kernel import messages as m
@@ -21,10 +22,12 @@ log = logging.getLogger("omni.bus")
 
 
 class Mailbox:
-    """One bound PULL socket; `handler(frames)` runs on the loop for every message."""
+    """One bound PULL socket; `handler(msg, extra_frames)` runs on the loop for every message. A
+    malformed message, or one the handler raises on, is dropped (and counted)."""
 
-    def __init__(self, address: str, handler: Callable[[list[Any]], None], name: str) -> None:
+    def __init__(self, address: str, handler: Callable[[m.AnyMsg, list[Any]], None], name: str) -> None:
         self.name = name
+        self.dropped = 0
         self.sock = zmq.Context.instance().socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
@@ -45,8 +48,12 @@ class Mailbox:
             except zmq.ZMQError:  # zmq.Again: nothing more to read now
                 return
             try:
-                self._handler(frames)
+                self._handler(m.decode(frames[0].buffer), frames[1:])
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                self.dropped += 1
+                log.warning("%s dropped a malformed message: %s", self.name, exc)
             except Exception:
+                self.dropped += 1
                 log.exception("%s failed to handle a message; dropped", self.name)
 
     def close(self) -> None:

@@ -26,7 +26,9 @@ CHANNELS: dict[str, str] = {
     "cuda_ipc": "omni.transport.cuda_ipc:CudaIpcChannel",
 }
 
-# Per-channel clean-up of what a dead process leaves outside its owner prefix (CUDA driver files).
+# What a process that exited leaves in /dev/shm: the segments of every channel, named by their
+# owner's prefix, and for some channels files named by its pid (the CUDA driver's).
+UNLINK_OWNED = "omni.transport.shm:unlink_prefix"
 PROCESS_CLEANUP: dict[str, str] = {
     "cuda_ipc": "omni.transport.cuda_ipc:unlink_process_leftovers",
 }
@@ -56,13 +58,18 @@ def channel_of(graph: Graph, edge: EdgeSpec) -> str:
     return "shm"
 
 
-def cleanup_dead_process(graph: Graph, pid: int) -> None:
-    """Run the clean-up hook of every channel the graph uses for a process that has exited."""
-    for name in {channel_of(graph, e) for e in graph.edges} & set(PROCESS_CLEANUP):
-        module, _, attr = PROCESS_CLEANUP[name].partition(":")
+def release_leftovers(graph: Graph, owner: str, pid: int = 0) -> None:
+    """Remove what exited processes left in /dev/shm: the segments named `owner...` and, for the
+    process `pid`, the files that channels of the graph leave named by its pid. Best effort: it
+    never breaks supervision."""
+    calls = [(UNLINK_OWNED, owner)]
+    if pid:
+        calls += [(PROCESS_CLEANUP[c], pid) for c in {channel_of(graph, e) for e in graph.edges} & set(PROCESS_CLEANUP)]
+    for target, arg in calls:
+        module, _, attr = target.partition(":")
         try:
-            getattr(importlib.import_module(module), attr)(pid)
-        except Exception:  # clean-up is best effort; never let it break supervision
+            getattr(importlib.import_module(module), attr)(arg)
+        except Exception:
             pass
 
 

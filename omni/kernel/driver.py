@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omni.kernel.graph import Graph
@@ -28,7 +28,8 @@ TOMBSTONES = 4096  # finished/cancelled rids remembered so late messages are dro
 class Open:
     rid: str
     params: dict[str, Any]
-    inputs: int  # inbound edges this request will end here
+    inputs: int  # inbound edges this request will end here (fewer when it skips stages)
+    ended: set[int] = field(default_factory=set)  # the edges it has ended, once open
 
 
 @dataclass
@@ -56,8 +57,7 @@ class StageDriver:
         self.stage: Any = None
         self._inbox: collections.deque[Open | Chunk | End] = collections.deque()
         self._cancels: collections.deque[str] = collections.deque()
-        self._ends: dict[str, set[int]] = {}  # rid -> the edges it ended here
-        self._expected: dict[str, int] = {}  # rid -> inputs it will end here (fewer when it skips stages)
+        self._live: dict[str, Open] = {}  # the requests open in the stage
         self._dead: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._has_work = False
         self.last_stats: dict[str, Any] = {}
@@ -84,7 +84,7 @@ class StageDriver:
             item = self._inbox[0]
             # Past max_queue the stage must first work off what it holds; a stage that holds
             # inputs yet has no work (it waits for more) is fed anyway, or it would deadlock.
-            if (isinstance(item, Chunk) and item.rid in self._ends and self.stage.backlog() >= self.spec.max_queue
+            if (isinstance(item, Chunk) and item.rid in self._live and self.stage.backlog() >= self.spec.max_queue
                     and self.stage.has_work()):
                 break
             self._inbox.popleft()
@@ -98,13 +98,13 @@ class StageDriver:
                 emits.extend(self.stage.step())
             except Exception as exc:
                 log.exception("stage %s step failed", self.spec.name)
-                for rid in list(self._ends):
+                for rid in list(self._live):
                     emits.append(Emit(rid, error=f"{type(exc).__name__} in stage {self.spec.name}: {exc}"))
                     self._abort(rid)
             self.counts["steps"] += 1
             self.step_seconds += time.perf_counter() - t0
         for emit in emits:
-            if (emit.finish or emit.error is not None) and emit.rid in self._ends:
+            if (emit.finish or emit.error is not None) and emit.rid in self._live:
                 self._retire(emit.rid)
                 self.counts["failed" if emit.error is not None else "completed"] += 1
         self._has_work = self.stage.has_work()
@@ -115,16 +115,16 @@ class StageDriver:
         rid = item.rid
         try:
             if isinstance(item, Open):
-                self._ends[rid] = set()
-                self._expected[rid] = item.inputs
+                self._live[rid] = item
                 self.stage.open(rid, item.params)
-            elif rid not in self._ends:
-                return  # not opened here (it arrived before its open, which never came)
+            elif rid not in self._live:
+                return
             elif isinstance(item, Chunk):
                 self.stage.feed(rid, item.port, item.data)
             else:
-                self._ends[rid].add(item.edge)
-                if len(self._ends[rid]) >= self._expected[rid]:
+                opened = self._live[rid]
+                opened.ended.add(item.edge)
+                if len(opened.ended) >= opened.inputs:
                     self.stage.close_input(rid)
         except Exception as exc:
             log.warning("stage %s rejected request %s: %s", self.spec.name, rid, exc, exc_info=log.isEnabledFor(logging.DEBUG))
@@ -132,7 +132,7 @@ class StageDriver:
             self._abort(rid)
 
     def _abort(self, rid: str) -> None:
-        if rid in self._ends:
+        if rid in self._live:
             try:
                 self.stage.abort(rid)
             except Exception:
@@ -142,8 +142,7 @@ class StageDriver:
         self._bury(rid)
 
     def _retire(self, rid: str) -> None:
-        self._ends.pop(rid, None)
-        self._expected.pop(rid, None)
+        self._live.pop(rid, None)
         self._bury(rid)
 
     def _bury(self, rid: str) -> None:
@@ -176,5 +175,5 @@ class StageDriver:
         return bool(self._cancels or self._has_work or self._inbox)
 
     def stats(self) -> dict[str, Any]:
-        return {**self.last_stats, "in_flight": len(self._ends), "queued_messages": len(self._inbox), **self.counts,
+        return {**self.last_stats, "in_flight": len(self._live), "queued_messages": len(self._inbox), **self.counts,
                 "step_seconds": round(self.step_seconds, 6)}

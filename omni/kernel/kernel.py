@@ -22,17 +22,15 @@ import time
 import uuid
 from typing import Any
 
-import msgspec
-
 from omni.kernel import messages as m
 from omni.kernel.bus import Mailbox, Outbox
-from omni.kernel.channels import Readers
+from omni.kernel.channels import Readers, release_leftovers
 from omni.kernel.errors import (DeadlineExceeded, GraphError, KernelClosed, OmniError, Overloaded, RequestCancelled,
                                 StageDown, StageFailed, StageStartError, error_from_kind)
 from omni.kernel.graph import Graph
 from omni.kernel.requests import InflightRequest, OutputEvent, RequestStream
 from omni.kernel.routing import Route, Router, replica_of
-from omni.kernel.rundir import KERNEL, actor_name, endpoint, make_run_dir, new_instance_id, unlink_shm_prefix
+from omni.kernel.rundir import KERNEL, actor_name, endpoint, make_run_dir, new_instance_id, shm_owner
 from omni.kernel.supervisor import ActorHandle, ActorState, Supervisor
 
 log = logging.getLogger("omni.kernel")
@@ -68,7 +66,7 @@ class Kernel:
 
     async def start(self) -> None:
         self.run_dir = str(make_run_dir(self.instance))
-        self.mailbox = Mailbox(endpoint(self.run_dir, KERNEL), self._on_frames, KERNEL)
+        self.mailbox = Mailbox(endpoint(self.run_dir, KERNEL), self._dispatch, KERNEL)
         self.outbox = Outbox(lambda peer: endpoint(self.run_dir, peer), KERNEL)
         self.mailbox.start()
         try:
@@ -89,7 +87,7 @@ class Kernel:
         self.outbox.close()
         self.mailbox.close()
         self._readers.close()
-        unlink_shm_prefix(f"omni-{self.instance}-")
+        release_leftovers(self.graph, shm_owner(self.instance))
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     async def __aenter__(self) -> Kernel:
@@ -160,12 +158,6 @@ class Kernel:
         return victims
 
     # ---- inbound ------------------------------------------------------------------------
-
-    def _on_frames(self, frames: list[Any]) -> None:
-        try:
-            self._dispatch(m.decode(frames[0].buffer), frames[1:])
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.warning("kernel dropped a malformed message: %s", exc)
 
     def _dispatch(self, msg: m.AnyMsg, frames: list[Any]) -> None:
         match msg:

@@ -25,10 +25,10 @@ from typing import Any
 
 from omni.kernel import messages as m
 from omni.kernel.bus import Outbox
-from omni.kernel.channels import cleanup_dead_process
+from omni.kernel.channels import release_leftovers
 from omni.kernel.errors import StageStartError
 from omni.kernel.graph import Graph
-from omni.kernel.rundir import actor_name, remove_socket, shm_owner, unlink_shm_prefix
+from omni.kernel.rundir import actor_name, remove_socket, shm_owner
 
 log = logging.getLogger("omni.supervisor")
 
@@ -140,8 +140,8 @@ class Supervisor:
         # open yet) are terminated at once, so a failed start does not wait for slow siblings.
         await asyncio.gather(*(self._stop(h, 5.0 if h.state is ActorState.UP else 0.1) for h in self.handles.values()))
         for handle in self.handles.values():
-            if handle.process is not None:
-                cleanup_dead_process(self.graph, handle.pid)
+            release_leftovers(self.graph, shm_owner(self.instance, handle.stage, handle.replica),
+                              handle.pid if handle.process is not None else 0)
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # ---- one replica ------------------------------------------------------------------------
@@ -224,9 +224,8 @@ class Supervisor:
         spec = self.graph.stage(handle.stage)
         handle.state = ActorState.RESTARTING
         victims = self._on_death(handle, reason)
-        unlink_shm_prefix(shm_owner(self.instance, handle.stage, handle.replica))
-        if handle.process is not None:
-            cleanup_dead_process(self.graph, handle.pid)
+        release_leftovers(self.graph, shm_owner(self.instance, handle.stage, handle.replica),
+                          handle.pid if handle.process is not None else 0)
         remove_socket(self.run_dir, handle.name)
         self.outbox.reset(handle.name)  # drop what was queued for the dead process
         now = time.monotonic()
