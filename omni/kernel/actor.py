@@ -47,7 +47,7 @@ class Actor:
         self.spec = graph.stage(stage)
         self.replica = replica
         self.name = actor_name(stage, replica)
-        self.mailbox = Mailbox(endpoint(run_dir, self.name), self._dispatch, self.name)
+        self.endpoint = endpoint(run_dir, self.name)
         self.outbox = Outbox(lambda peer: endpoint(run_dir, peer), self.name)
         self.driver = StageDriver(graph, stage, replica)
         self.out_edges = graph.outgoing(stage)
@@ -66,7 +66,8 @@ class Actor:
     # ---- lifecycle ----------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Set the stage up, report ready, then serve until shutdown."""
+        """Bind, set the stage up, report ready, then serve until shutdown."""
+        self.mailbox = Mailbox(self.endpoint, self._dispatch, self.name)
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._pool, self.driver.setup)
@@ -150,11 +151,10 @@ class Actor:
         link = self._links.get((msg.edge, msg.consumer))
         if link is None:
             return
-        writer = self._writer(channel_of(self.graph, self.graph.edges[msg.edge]))
         for token in msg.tokens:
             if token in link.outstanding:
                 link.outstanding.remove(token)
-                writer.free(token)
+                self._free(msg.edge, token)
         link.credits += 1
         self._credit_event.set()
 
@@ -162,10 +162,13 @@ class Actor:
         """A downstream replica restarted: forget what it held and talk to the new process."""
         self.outbox.reset(peer)
         for edge_id, link_peer in [key for key in self._links if key[1] == peer]:
-            writer = self._writer(channel_of(self.graph, self.graph.edges[edge_id]))
             for token in self._links.pop((edge_id, link_peer)).outstanding:
-                writer.free(token)
+                self._free(edge_id, token)
         self._credit_event.set()
+
+    def _free(self, edge_id: int, token: int) -> None:
+        """Take back a payload slot of `edge_id` (its consumer credited it, or is gone)."""
+        self._writer(channel_of(self.graph, self.graph.edges[edge_id])).free(token)
 
     # ---- outbound ---------------------------------------------------------------------------
 

@@ -127,8 +127,10 @@ class StageDriver:
                 if len(opened.ended) >= opened.inputs:
                     self.stage.close_input(rid)
         except Exception as exc:
-            log.warning("stage %s rejected request %s: %s", self.spec.name, rid, exc, exc_info=log.isEnabledFor(logging.DEBUG))
-            emits.append(Emit(rid, error=f"{type(exc).__name__}: {exc}", error_kind=getattr(exc, "kind", "stage_failed")))
+            log.warning("stage %s rejected request %s: %s", self.spec.name, rid, exc,
+                        exc_info=log.isEnabledFor(logging.DEBUG))
+            kind = getattr(exc, "kind", "stage_failed")
+            emits.append(Emit(rid, error=f"{type(exc).__name__}: {exc}", error_kind=kind))
             self._abort(rid)
 
     def _abort(self, rid: str) -> None:

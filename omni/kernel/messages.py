@@ -130,7 +130,7 @@ class PeerUpdate(Msg):
 
 
 class ActorShutdown(Msg):
-    pass
+    """Finish cleanly: the kernel is stopping."""
 
 
 AnyMsg = Union[

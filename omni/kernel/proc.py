@@ -27,7 +27,8 @@ async def _serve(config: dict[str, Any]) -> None:
     from omni.kernel.graph import Graph
     from omni.kernel.rundir import KERNEL, remove_socket, shm_owner
 
-    graph, stage, replica, run_dir = Graph.from_dict(config["graph"]), config["stage"], config["replica"], config["run_dir"]
+    graph = Graph.from_dict(config["graph"])
+    stage, replica, run_dir = config["stage"], config["replica"], config["run_dir"]
     actor = Actor(graph, stage, replica, run_dir, config["instance"])
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -40,7 +40,8 @@ class InflightRequest:
         """Queue the request's last event: the final one, or the error that ended it."""
         if self.deadline_handle is not None:
             self.deadline_handle.cancel()
-        self.queue.put_nowait(OutputEvent(self.rid, "", "final", self.final_meta, final=True) if error is None else error)
+        final = OutputEvent(self.rid, "", "final", self.final_meta, final=True)
+        self.queue.put_nowait(final if error is None else error)
         self.queue.put_nowait(_END)
 
 

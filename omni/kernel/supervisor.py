@@ -216,7 +216,8 @@ class Supervisor:
                 if not handle.alive():
                     await self._died(handle, handle.exit_reason())
                 elif now - handle.last_heartbeat > self.heartbeat_timeout_s:
-                    log.error("stage %s missed heartbeats for %.1f s; killing it", handle.name, now - handle.last_heartbeat)
+                    log.error("stage %s missed heartbeats for %.1f s; killing it", handle.name,
+                              now - handle.last_heartbeat)
                     self.kill(handle)
 
     async def _died(self, handle: ActorHandle, reason: str) -> None:
