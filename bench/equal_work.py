@@ -9,7 +9,7 @@ same work. Here:
 1. `checkpoint`: a reduced-depth, full-width Qwen3-Omni thinker text model (hidden 2048, 128 experts
    top-8, moe_intermediate 768, 32/4 heads, vocabulary 152,064; `--layers` deep, default 8) is
    written once as a Qwen3-MoE checkpoint with seeded random bf16 weights
-   (omni/models/qwen3_omni/text_checkpoint.py);
+   (omni/models/qwen3_omni/checkpoint/text_checkpoint.py);
 2. `omni`: omni's built-in AR engine loads it (`load_text_thinker`) and runs the load in-process
    (bench/omni_engine_load.py: CUDA graphs, Triton attention and MoE);
 3. `sglang`: SGLang's offline Engine loads the same directory (`load_format="auto"`) and runs the
@@ -137,7 +137,7 @@ class EqualWork:
             else:
                 work = Path(a.model_dir) if a.model_dir else Path(tempfile.mkdtemp(prefix="omni-equal-work-"))
                 self.model_dir = work / "model" if not a.model_dir else work
-                cmd = [PY, "-m", "omni.models.qwen3_omni.text_checkpoint", str(self.model_dir), "--layers",
+                cmd = [PY, "-m", "omni.models.qwen3_omni.checkpoint.text_checkpoint", str(self.model_dir), "--layers",
                        str(a.layers), "--seed", str(a.weight_seed), "--device", a.device] + (["--scaled"] if a.scaled else [])
                 if self.run("checkpoint", cmd, a.checkpoint_limit_s)["status"] != "ok":
                     return self.report()

@@ -36,7 +36,7 @@ class RouterTap:
     """Records, per engine step, the batch's spans and every MoE layer's top-k expert ids."""
 
     def __init__(self, model) -> None:
-        from omni.models.qwen3_omni.thinker_layers import SparseMoE
+        from omni.models.qwen3_omni.modules.thinker_layers import SparseMoE
 
         self.steps: list[tuple[list, dict[int, Any]]] = []
         self._layers: dict[int, Any] = {}
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from omni.models.qwen3_omni.text_checkpoint import load_text_thinker
+    from omni.models.qwen3_omni.checkpoint.text_checkpoint import load_text_thinker
 
     records = []
     for path in args.tokens:

@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from omni.models.qwen3_omni import fused_ops
-from omni.models.qwen3_omni.rope import apply_rope, inv_freq, mrope_cos_sin
-from omni.models.qwen3_omni.thinker_layers import RMSNorm
+from omni.layers import fused_ops
+from omni.models.qwen3_omni.modules.rope import apply_rope, inv_freq, mrope_cos_sin
+from omni.models.qwen3_omni.modules.thinker_layers import RMSNorm
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, EXPERTS, TOP_K, LAYERS, EPS = 2048, 32, 4, 128, 128, 8, 48, 1e-6
 

@@ -27,8 +27,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import torch  # noqa: E402
 
 from omni.models.qwen3_omni.config import load_config  # noqa: E402
-from omni.models.qwen3_omni.presets_full import full_config, scaled_config, thinker_active_bytes  # noqa: E402
-from omni.models.qwen3_omni.random_load import random_thinker  # noqa: E402
+from omni.models.qwen3_omni.checkpoint.presets_full import full_config, scaled_config, thinker_active_bytes  # noqa: E402
+from omni.models.qwen3_omni.checkpoint.random_load import random_thinker  # noqa: E402
 from omni.stages.ar.config import EngineConfig  # noqa: E402
 from omni.stages.ar.engine import AREngine  # noqa: E402
 from omni.stages.ar.sequence import SamplingParams  # noqa: E402

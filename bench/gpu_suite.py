@@ -263,7 +263,7 @@ class Suite:
         return rep
 
     def main(self) -> dict:
-        from omni.models.qwen3_omni.presets_full import scaled_config, write_random_model_dir
+        from omni.models.qwen3_omni.checkpoint.presets_full import scaled_config, write_random_model_dir
 
         self.gpu = gpu_name()
         work = Path(tempfile.mkdtemp(prefix="omni-suite-"))  # model dirs: not worth copying back with OUT

@@ -19,9 +19,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from omni.models.qwen3_omni import moe_triton
-from omni.models.qwen3_omni.moe_routed import routed_experts
-from omni.models.qwen3_omni.moe_triton import MoeConfig
+from omni.layers import moe_triton
+from omni.layers.moe_routed import routed_experts
+from omni.layers.moe_triton import MoeConfig
 
 SWEEP = (MoeConfig(16, 32, 128, 64, 128), MoeConfig(16, 64, 128, 128, 128, num_stages=3),
          MoeConfig(16, 32, 256, 32, 256, num_stages=3), MoeConfig(16, 64, 64, 64, 64, num_stages=5),

@@ -1,7 +1,7 @@
 """The equal-work load on omni's built-in AR engine, in this process (the counterpart of
 bench/sglang_engine_load.py, which drives SGLang's offline Engine).
 
-The model is a Qwen3-MoE text checkpoint on disk (omni/models/qwen3_omni/text_checkpoint.py),
+The model is a Qwen3-MoE text checkpoint on disk (omni/models/qwen3_omni/checkpoint/text_checkpoint.py),
 loaded into `Qwen3OmniThinker` (the module omni's thinker stage runs) with `load_text_thinker`:
 the same tensors SGLang loads from the same directory. Requests: distinct random prompts
 (equal_work_support.distinct_prompt: request i gets its own token ids, the same ones SGLang gets),
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from omni.models.qwen3_omni.text_checkpoint import load_text_thinker
+    from omni.models.qwen3_omni.checkpoint.text_checkpoint import load_text_thinker
     from omni.stages.ar.engine import AREngine
 
     try:

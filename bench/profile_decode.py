@@ -89,7 +89,7 @@ class Scopes:
     def __init__(self, model) -> None:
         from torch.profiler import record_function
 
-        from omni.models.qwen3_omni import thinker, thinker_layers
+        from omni.models.qwen3_omni.modules import thinker, thinker_layers
 
         self.rf, self.handles, self.patches, self.stack = record_function, [], [], []
         for name, mod in model.named_modules():
@@ -187,7 +187,7 @@ def run_one(args) -> dict:
     import torch
 
     from gpu_decode import sync, thinker_config
-    from omni.models.qwen3_omni.random_load import random_thinker
+    from omni.models.qwen3_omni.checkpoint.random_load import random_thinker
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni.models.qwen3_omni.presets_full import thinker_active_bytes
+from omni.models.qwen3_omni.checkpoint.presets_full import thinker_active_bytes
 
 BYTES = 2  # bf16
 

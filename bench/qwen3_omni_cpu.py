@@ -36,7 +36,7 @@ os.chdir(ROOT)  # stage processes run `python -m omni.kernel.proc` from the repo
 
 from omni.kernel.kernel import Kernel  # noqa: E402
 from omni.models.qwen3_omni.graph import build  # noqa: E402
-from omni.models.qwen3_omni.make_tiny import make_tiny  # noqa: E402
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny  # noqa: E402
 from qwen3_fixtures import Oracle, params, prompts  # noqa: E402
 from transport import machine  # noqa: E402
 

@@ -68,8 +68,8 @@ class Peer:
         say(f"[{time.monotonic() - self.t0:6.1f}s] {text}")
 
     def model_dirs(self) -> tuple[Path, Path]:
-        from omni.models.qwen3_omni.export_text import export_thinker_text
-        from omni.models.qwen3_omni.presets_full import write_random_model_dir
+        from omni.models.qwen3_omni.checkpoint.export_text import export_thinker_text
+        from omni.models.qwen3_omni.checkpoint.presets_full import write_random_model_dir
 
         model_dir = write_random_model_dir(self.out / "model")
         return model_dir, export_thinker_text(model_dir, self.out / "text", weights=False)

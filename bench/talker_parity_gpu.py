@@ -39,12 +39,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from omni.kernel.stage import StageContext  # noqa: E402
-from omni.models.qwen3_omni import talker as talker_module  # noqa: E402
-from omni.models.qwen3_omni.make_tiny import make_tiny  # noqa: E402
-from omni.models.qwen3_omni.talker import TalkerModel  # noqa: E402
-from omni.models.qwen3_omni.talker_stage import TalkerStage  # noqa: E402
-from omni.models.qwen3_omni.thinker_stage import ThinkerStage  # noqa: E402
-from omni.models.qwen3_omni.tokenizer_offline import token_ids  # noqa: E402
+from omni.models.qwen3_omni.modules import talker as talker_module  # noqa: E402
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny  # noqa: E402
+from omni.models.qwen3_omni.modules.talker import TalkerModel  # noqa: E402
+from omni.models.qwen3_omni.stages.talker_stage import TalkerStage  # noqa: E402
+from omni.models.qwen3_omni.stages.thinker_stage import ThinkerStage  # noqa: E402
+from omni.models.qwen3_omni.checkpoint.tokenizer_offline import token_ids  # noqa: E402
 
 IDS = token_ids()
 ENGINE = {"block_size": 8, "num_blocks": 96, "max_model_len": 512}

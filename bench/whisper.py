@@ -40,7 +40,7 @@ from test_whisper_support import SENTENCES, normalize, speak_clip  # noqa: E402
 
 from omni.kernel.kernel import Kernel  # noqa: E402
 from omni.models.whisper.graph import build  # noqa: E402
-from omni.models.whisper.packaged import converted  # noqa: E402
+from omni.models.whisper.checkpoint.packaged import converted  # noqa: E402
 
 
 def make_clips(n: int, out: Path) -> list[np.ndarray]:

@@ -105,7 +105,7 @@ def test_plugins_subcommand_lists_or_says_none():
 
 
 def test_make_tiny_subcommand(tmp_path):
-    pytest.importorskip("omni.models.qwen3_omni.make_tiny")
+    pytest.importorskip("omni.models.qwen3_omni.checkpoint.make_tiny")
     proc = omnid("make-tiny", str(tmp_path / "tiny"))
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err

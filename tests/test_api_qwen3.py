@@ -17,7 +17,7 @@ from omni.api.app import build_app
 from omni.api.server import HttpServer
 from omni.kernel.kernel import Kernel
 from omni.models.qwen3_omni.graph import build
-from omni.models.qwen3_omni.make_tiny import TINY_MARKER, make_tiny
+from omni.models.qwen3_omni.checkpoint.make_tiny import TINY_MARKER, make_tiny
 from omni.models.qwen3_omni.request import SPEECH_INSTRUCTION, TRANSCRIBE_INSTRUCTION
 from qwen3_fixtures import THREADS_ENV, Oracle, audio_part, png_bytes, tone_pcm
 from test_api_cli import omnid

@@ -12,10 +12,10 @@ import pytest
 from omni.api.app import build_app
 from omni.api.server import HttpServer
 from omni.kernel.kernel import Kernel
-from omni.models.qwen3_omni.code2wav import samples_for
+from omni.models.qwen3_omni.modules.code2wav import samples_for
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.graph import build
-from omni.models.qwen3_omni.make_tiny import make_tiny
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from test_api_support import LiveServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -291,7 +291,7 @@ def test_suite_omnid_overrides_are_valid_for_the_qwen3_graph(tmp_path):
     import gpu_suite
 
     from omni.kernel.graph import apply_overrides, parse_set_flags
-    from omni.models.qwen3_omni.presets_full import scaled_config, write_random_model_dir
+    from omni.models.qwen3_omni.checkpoint.presets_full import scaled_config, write_random_model_dir
 
     args = gpu_suite.build_parser().parse_args(["--out-dir", str(tmp_path / "out"), "--concurrency", "1,48"])
     args.device = "cuda"

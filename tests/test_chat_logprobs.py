@@ -17,7 +17,7 @@ TOP = 3
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from omni.models.qwen3_omni.make_tiny import make_tiny
+    from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 
     return make_tiny(tmp_path_factory.mktemp("logprobs") / "tiny", seed=2, preset="tiny-a")
 
@@ -32,7 +32,7 @@ def reference(ckpt, tokens: list[int]) -> torch.Tensor:
     """transformers' thinker, teacher-forced on prompt + `tokens`: log-probs [len(tokens), V]."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    from omni.models.qwen3_omni.preprocess import Preprocessor
+    from omni.models.qwen3_omni.stages.preprocess import Preprocessor
 
     prompt = Preprocessor(ckpt)([{"role": "user", "content": "hi there"}]).input_ids.tolist()
     hf = Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(ckpt)).eval()

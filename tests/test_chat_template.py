@@ -12,7 +12,7 @@ from omni.api.app import build_app
 from omni.api.server import HttpServer
 from omni.kernel.kernel import Kernel
 from omni.models.chat_template import OPENAI, STRING, content_format, render_messages
-from omni.models.qwen3_omni.tokenizer_offline import CHAT_TEMPLATE
+from omni.models.qwen3_omni.checkpoint.tokenizer_offline import CHAT_TEMPLATE
 from test_api_support import LiveServer
 
 STRING_TEMPLATE = (  # the usual Qwen2-style template of a text checkpoint: content printed whole
@@ -52,7 +52,7 @@ def checkpoints(tmp_path_factory):
 
     from transformers import AutoTokenizer
 
-    from omni.models.qwen3_omni.make_tiny import make_tiny
+    from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 
     root = tmp_path_factory.mktemp("templates")
     parts = make_tiny(root / "parts", seed=0, preset="tiny-a")
@@ -71,7 +71,7 @@ def _prompt(pre, messages) -> str:
 
 
 def test_preprocessor_renders_text_and_media_in_either_format(checkpoints):
-    from omni.models.qwen3_omni.preprocess import Preprocessor
+    from omni.models.qwen3_omni.stages.preprocess import Preprocessor
 
     parts, string = Preprocessor(checkpoints[0]), Preprocessor(checkpoints[1])
     assert (parts.content_format, string.content_format) == (OPENAI, STRING)

@@ -41,7 +41,7 @@ def test_version_and_defaults_in_help(capsys):
 
 
 def test_device_and_dtype_reach_every_gpu_capable_stage(tmp_path):
-    from omni.models.qwen3_omni.make_tiny import make_tiny
+    from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
     from test_whisper_support import tiny_random_checkpoint
 
     tiny = make_tiny(tmp_path / "tiny", seed=0, preset="tiny-a")

@@ -8,10 +8,11 @@ import torch
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import StageContext
-from omni.models.qwen3_omni.code2wav import Code2Wav, Code2WavStage, samples_for
+from omni.models.qwen3_omni.modules.code2wav import Code2Wav, samples_for
+from omni.models.qwen3_omni.stages.code2wav_stage import Code2WavStage
 from omni.models.qwen3_omni.config import Code2WavConfig
-from omni.models.qwen3_omni.make_tiny import make_tiny
-from omni.models.qwen3_omni.tiny_presets import PRESETS
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+from omni.models.qwen3_omni.checkpoint.tiny_presets import PRESETS
 from omni.stages.vocoder import VocoderStage
 
 TOL = 1e-4  # of the waveform's peak

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from omni.models.qwen3_omni.code_predictor import greedy_codes, sampled_codes
-from omni.models.qwen3_omni.code_predictor_graphs import CodePredictorGraphs
-from omni.models.qwen3_omni.make_tiny import make_tiny
-from omni.models.qwen3_omni.talker import TalkerModel, TalkerRequest
+from omni.models.qwen3_omni.modules.code_predictor import greedy_codes, sampled_codes
+from omni.models.qwen3_omni.modules.code_predictor_graphs import CodePredictorGraphs
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+from omni.models.qwen3_omni.modules.talker import TalkerModel, TalkerRequest
 
 pytest.importorskip("transformers")
 

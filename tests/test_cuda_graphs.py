@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from omni.models.qwen3_omni.make_tiny import make_tiny
-from omni.models.qwen3_omni.thinker import Qwen3OmniThinker
-from omni.stages.ar.attention import AttentionMetadata, paged_attention
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
+from omni.layers.paged_attention import AttentionMetadata, paged_attention
 from omni.stages.ar.config import EngineConfig, EngineConfigError
 from omni.stages.ar.cuda_graphs import batch_buckets
 from omni.stages.ar.engine import AREngine
@@ -119,7 +119,7 @@ def _decode_meta(lens, tables, block, device):
 
 
 def _kernel_vs_torch(device, dtype, tol):
-    from omni.stages.ar.triton_attention import paged_decode_attention
+    from omni.layers.triton_attention import paged_decode_attention
 
     hq, hkv, dim, block = 8, 2, 32, 16
     cache = _random_cache(device, dtype, hkv, dim, block)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from omni.models.qwen3_omni.make_tiny import make_tiny
-from omni.models.qwen3_omni.thinker import Qwen3OmniThinker
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.engine import AREngine
 from omni.stages.ar.graph_inputs import StagedInputs

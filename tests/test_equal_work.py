@@ -17,9 +17,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import equal_work_support as ews  # noqa: E402
-from omni.models.qwen3_omni.text_checkpoint import (MARKER, load_text_thinker, text_config,  # noqa: E402
+from omni.models.qwen3_omni.checkpoint.text_checkpoint import (MARKER, load_text_thinker, text_config,  # noqa: E402
                                                     write_text_checkpoint)
-from omni.models.qwen3_omni.weights import checkpoint_files  # noqa: E402
+from omni.models.weights import checkpoint_files  # noqa: E402
 
 SMALL = {**text_config(3, scaled=True), "vocab_size": 4096}  # test widths, 3 layers, a small vocabulary
 

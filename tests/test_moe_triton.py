@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omni.models.qwen3_omni.moe_routed import MoeBackendError, choose_backend, routed_experts
-from omni.models.qwen3_omni.moe_triton import MoeInputError, align_pairs, fused_routed_experts, max_blocks
+from omni.layers.moe_routed import MoeBackendError, choose_backend, routed_experts
+from omni.layers.moe_triton import MoeInputError, align_pairs, fused_routed_experts, max_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +90,7 @@ def test_backend_choice_and_typed_errors(monkeypatch):
 
 def interpreter_check() -> None:
     """Runs in the child process: kernels (and the one-launch layout) vs the bmm path."""
-    from omni.models.qwen3_omni.moe_triton import MoeConfig, layout
+    from omni.layers.moe_triton import MoeConfig, layout
 
     cases = [(1, 8, 2, 64, 32), (5, 6, 3, 48, 40), (9, 128, 8, 40, 16)]
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 3e-3)):
@@ -133,7 +133,7 @@ def _compile_for_sm90(fn, types: dict, consts: dict, **options):
 
 def test_kernels_compile_for_sm90_with_pipelined_weight_loads():
     pytest.importorskip("triton", reason="triton is not installed")
-    from omni.models.qwen3_omni import moe_triton as m
+    from omni.layers import moe_triton as m
 
     cfg = m.pick_config(8)
     ints = ("num_pairs", "stride_xt", "stride_we", "stride_wn", "stride_hp", "stride_yp")

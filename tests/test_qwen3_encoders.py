@@ -10,12 +10,13 @@ import torch
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import StageContext
-from omni.models.qwen3_omni.audio_encoder import AudioEncoder, AudioEncoderStage, AudioFeaturesEncoder
-from omni.models.qwen3_omni.image_patches import image_to_patches
-from omni.models.qwen3_omni.make_tiny import make_tiny
-from omni.models.qwen3_omni.preprocess import Preprocessor, audio_token_count, resample
-from omni.models.qwen3_omni.tiny_presets import PRESETS
-from omni.models.qwen3_omni.vision_encoder import ImagePatchesEncoder, VisionEncoder, VisionEncoderStage
+from omni.models.qwen3_omni.modules.audio_encoder import AudioEncoder, AudioFeaturesEncoder
+from omni.models.qwen3_omni.stages.encoders import AudioEncoderStage, VisionEncoderStage
+from omni.models.qwen3_omni.modules.image_patches import image_to_patches
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+from omni.models.qwen3_omni.stages.preprocess import Preprocessor, audio_token_count, resample
+from omni.models.qwen3_omni.checkpoint.tiny_presets import PRESETS
+from omni.models.qwen3_omni.modules.vision_encoder import ImagePatchesEncoder, VisionEncoder
 
 
 @pytest.fixture(scope="module", params=sorted(PRESETS))
@@ -34,7 +35,7 @@ def _hf_processor(path, monkeypatch):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
 
-    from omni.models.qwen3_omni.make_tiny import PREPROCESSOR_CONFIG as pc
+    from omni.models.qwen3_omni.checkpoint.make_tiny import PREPROCESSOR_CONFIG as pc
 
     monkeypatch.setattr(Qwen3OmniMoeProcessor, "check_argument_for_proper_class", lambda self, name, arg: None)
     tok = AutoTokenizer.from_pretrained(str(path))

@@ -19,7 +19,7 @@ from omni.api.app import build_app
 from omni.api.server import HttpServer
 from omni.kernel.errors import InvalidRequest
 from omni.models.qwen3_omni.graph import build
-from omni.models.qwen3_omni.make_tiny import make_tiny
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from qwen3_fixtures import LoopThread, RunningKernel, params, prompts, summarize
 
 pytest.importorskip("transformers")

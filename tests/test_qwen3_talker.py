@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from omni.kernel.stage import StageContext
-from omni.models.qwen3_omni.make_tiny import make_tiny
-from omni.models.qwen3_omni.talker import TalkerModel
-from omni.models.qwen3_omni.talker_stage import TalkerStage
-from omni.models.qwen3_omni.tokenizer_offline import token_ids
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+from omni.models.qwen3_omni.modules.talker import TalkerModel
+from omni.models.qwen3_omni.stages.talker_stage import TalkerStage
+from omni.models.qwen3_omni.checkpoint.tokenizer_offline import token_ids
 
 transformers = pytest.importorskip("transformers")
 
@@ -411,7 +411,7 @@ def test_fed_live_by_the_thinker_stage(oracle, refs, model):
     """ThinkerStage and TalkerStage stepped in turn, the thinker's `hidden` chunks fed as they come;
     the same request again is served from both prefix caches (the thinker's taps of its cached
     positions from its tap store) and gives the same codes."""
-    from omni.models.qwen3_omni.thinker_stage import ThinkerStage
+    from omni.models.qwen3_omni.stages.thinker_stage import ThinkerStage
 
     ref = refs[0]
     thinker = ThinkerStage(StageContext("thinker", args={"model_dir": oracle.dir, "block_size": 8, "num_blocks": 32,

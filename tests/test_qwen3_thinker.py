@@ -10,13 +10,13 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from omni.kernel.errors import InvalidRequest  # noqa: E402
-from omni.models.qwen3_omni.make_tiny import make_tiny  # noqa: E402
-from omni.models.qwen3_omni.moe_routed import grouped_experts, per_expert  # noqa: E402
-from omni.models.qwen3_omni.rope import VisionGrid, rope_index  # noqa: E402
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny  # noqa: E402
+from omni.layers.moe_routed import grouped_experts, per_expert  # noqa: E402
+from omni.models.qwen3_omni.modules.rope import VisionGrid, rope_index  # noqa: E402
 from omni.kernel.stage import StageContext  # noqa: E402
-from omni.models.qwen3_omni.thinker import Qwen3OmniThinker  # noqa: E402
-from omni.models.qwen3_omni.thinker_stage import ThinkerStage  # noqa: E402
-from omni.models.qwen3_omni.tokenizer_offline import token_ids  # noqa: E402
+from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker  # noqa: E402
+from omni.models.qwen3_omni.stages.thinker_stage import ThinkerStage  # noqa: E402
+from omni.models.qwen3_omni.checkpoint.tokenizer_offline import token_ids  # noqa: E402
 from omni.stages.ar.config import EngineConfig  # noqa: E402
 from omni.stages.ar.engine import AREngine  # noqa: E402
 from omni.stages.ar.sequence import SamplingParams  # noqa: E402

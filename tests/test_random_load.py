@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from omni.models.qwen3_omni.config import load_config
-from omni.models.qwen3_omni.presets_full import (
+from omni.models.qwen3_omni.checkpoint.presets_full import (
     PUBLISHED,
     SPECIAL_IDS,
     full_config,
@@ -22,8 +22,8 @@ from omni.models.qwen3_omni.presets_full import (
     thinker_active_bytes,
     write_random_model_dir,
 )
-from omni.models.qwen3_omni.random_load import check_materialized, load_format, random_part, random_thinker
-from omni.models.qwen3_omni.weights import CheckpointError
+from omni.models.qwen3_omni.checkpoint.random_load import check_materialized, load_format, random_part, random_thinker
+from omni.models.weights import CheckpointError
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.engine import AREngine
 from omni.stages.ar.sequence import SamplingParams
@@ -44,11 +44,11 @@ def test_full_preset_has_the_published_sizes(full_dir):
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
-    from omni.models.qwen3_omni.audio_encoder import AudioEncoder
-    from omni.models.qwen3_omni.code2wav import Code2Wav
-    from omni.models.qwen3_omni.talker import TalkerModel
-    from omni.models.qwen3_omni.thinker import Qwen3OmniThinker
-    from omni.models.qwen3_omni.vision_encoder import VisionEncoder
+    from omni.models.qwen3_omni.modules.audio_encoder import AudioEncoder
+    from omni.models.qwen3_omni.modules.code2wav import Code2Wav
+    from omni.models.qwen3_omni.modules.talker import TalkerModel
+    from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
+    from omni.models.qwen3_omni.modules.vision_encoder import VisionEncoder
 
     cfg = load_config(full_dir)
     with torch.device("meta"):

@@ -18,7 +18,7 @@ import pytest
 import soundfile as sf
 
 from omni.api.media import resample
-from omni.models.qwen3_omni.make_tiny import make_tiny
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from test_api_qwen3 import QwenServer
 from test_api_support import LiveServer
 

@@ -25,8 +25,8 @@ NEW_TOKENS = 16
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from omni.models.qwen3_omni.config import load_config
-    from omni.models.qwen3_omni.export_text import export_thinker_text
-    from omni.models.qwen3_omni.make_tiny import make_tiny
+    from omni.models.qwen3_omni.checkpoint.export_text import export_thinker_text
+    from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
     from omni.stages.ar.config import EngineConfig
     from omni.stages.ar.sglang_backend import SGLangEngine
 
@@ -44,7 +44,7 @@ def setup(tmp_path_factory):
 
 
 def prompts(cfg) -> list[list[int]]:
-    from omni.models.qwen3_omni.tokenizer_offline import token_ids
+    from omni.models.qwen3_omni.checkpoint.tokenizer_offline import token_ids
 
     ids = token_ids()
 
@@ -101,7 +101,7 @@ def test_greedy_tokens_agree_with_transformers_teacher_forced(setup):
 
 
 def test_taps_match_the_builtin_engine(setup):
-    from omni.models.qwen3_omni.thinker import Qwen3OmniThinker
+    from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
     from omni.stages.ar.config import EngineConfig
     from omni.stages.ar.engine import AREngine
     from omni.stages.ar.sequence import SamplingParams

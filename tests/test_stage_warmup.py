@@ -8,9 +8,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from omni.kernel.stage import StageContext  # noqa: E402
-from omni.models.qwen3_omni.make_tiny import make_tiny  # noqa: E402
-from omni.models.qwen3_omni.talker_stage import TalkerStage  # noqa: E402
-from omni.models.qwen3_omni.thinker_stage import ThinkerStage  # noqa: E402
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny  # noqa: E402
+from omni.models.qwen3_omni.stages.talker_stage import TalkerStage  # noqa: E402
+from omni.models.qwen3_omni.stages.thinker_stage import ThinkerStage  # noqa: E402
 
 ENGINE = {"block_size": 8, "num_blocks": 64, "max_model_len": 256, "max_num_batched_tokens": 128}
 
@@ -39,7 +39,7 @@ def test_warm_requests_run_to_the_end_and_leave_nothing(ckpt, kind):
 
 
 def test_code2wav_warm_up_decodes_first_and_steady_chunks(ckpt):
-    from omni.models.qwen3_omni.code2wav import Code2WavStage
+    from omni.models.qwen3_omni.stages.code2wav_stage import Code2WavStage
 
     stage = Code2WavStage(StageContext("code2wav", args={"model": ckpt}))
     stage.setup()  # on CPU: no warm-up here

@@ -98,7 +98,7 @@ def test_only_the_vendor_module_imports_sglang():
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from omni.models.qwen3_omni.make_tiny import make_tiny
+    from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 
     return str(make_tiny(tmp_path_factory.mktemp("tiny-a"), seed=0, preset="tiny-a"))
 
@@ -127,7 +127,7 @@ def test_sglang_backend_fails_at_startup_naming_the_stage(tiny_dir):
 def test_unknown_backend_fails_at_setup(tiny_dir):
     from omni.kernel.errors import GraphError
     from omni.kernel.stage import StageContext
-    from omni.models.qwen3_omni.thinker_stage import ThinkerStage
+    from omni.models.qwen3_omni.stages.thinker_stage import ThinkerStage
 
     stage = ThinkerStage(StageContext(name="thinker", args={"model_dir": tiny_dir, "backend": "vllm"}))
     with pytest.raises(GraphError, match=r"thinker.*args.backend must be one of \('builtin', 'sglang'\)"):
@@ -137,7 +137,7 @@ def test_unknown_backend_fails_at_setup(tiny_dir):
 def test_builtin_backend_unaffected(tiny_dir):
     """Default and explicit "builtin" build the built-in engine and give the same greedy tokens."""
     from omni.kernel.stage import StageContext
-    from omni.models.qwen3_omni.thinker_stage import ThinkerStage
+    from omni.models.qwen3_omni.stages.thinker_stage import ThinkerStage
     from omni.stages.ar.engine import AREngine
     from omni.stages.ar.sequence import SamplingParams
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from omni.kernel.stage import StageContext
-from omni.models.qwen3_omni.code2wav import Code2Wav
-from omni.models.qwen3_omni.make_tiny import make_tiny
+from omni.models.qwen3_omni.modules.code2wav import Code2Wav
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from omni.stages.vocoder import CPU_MAX_BATCH, GPU_MAX_BATCH, VocoderStage
 
 pytest.importorskip("transformers")

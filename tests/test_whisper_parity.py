@@ -19,7 +19,7 @@ from test_whisper_support import (
     tiny_random_checkpoint,
 )
 
-from omni.models.whisper.features import log_mel, pad_window
+from omni.models.whisper.modules.features import log_mel, pad_window
 
 MAX_NEW = 40
 

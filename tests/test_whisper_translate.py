@@ -28,7 +28,7 @@ def speak_german(tmp_path) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    from omni.models.whisper.convert_ct2 import convert, packaged_sources
+    from omni.models.whisper.checkpoint.convert_ct2 import convert, packaged_sources
 
     sources = packaged_sources("base")
     if sources is None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from omni.models.whisper.config import WhisperConfig
-from omni.models.whisper.features import WINDOW_SAMPLES, log_mel, pad_window
-from omni.models.whisper.transcript import WhisperText, join_texts
-from omni.models.whisper.windows import split_windows
+from omni.models.whisper.modules.features import WINDOW_SAMPLES, log_mel, pad_window
+from omni.models.whisper.stages.transcript import WhisperText, join_texts
+from omni.models.whisper.stages.windows import split_windows
 
 RATE = 16000
 

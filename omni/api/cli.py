@@ -39,7 +39,7 @@ def embedded_default_model() -> tuple[str | None, str | None]:
     """(model_dir, family) served when no --model is given: a tiny RANDOM-weight Qwen3-Omni, made
     once with make_tiny into the cache dir (a few MB, about a second). `--model demo` serves the
     weightless demo pipeline instead."""
-    from omni.models.qwen3_omni.make_tiny import TINY_MARKER, make_tiny
+    from omni.models.qwen3_omni.checkpoint.make_tiny import TINY_MARKER, make_tiny
 
     path = cache_dir() / f"qwen3-omni-{EMBEDDED_PRESET}-seed{EMBEDDED_SEED}"
     if not (path / TINY_MARKER).is_file():
@@ -349,7 +349,7 @@ def make_tiny(args: argparse.Namespace) -> None:
     if family not in TINY_FAMILIES:
         raise CliError(f"make-tiny knows the families {', '.join(TINY_FAMILIES)}, not {family!r}")
     try:
-        from omni.models.qwen3_omni.make_tiny import make_tiny as make
+        from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny as make
     except ImportError as exc:
         raise CliError(f"make-tiny is not available in this build: {exc}") from None
     options = {"seed": args.seed, **({"preset": args.preset} if args.preset else {})}
@@ -361,8 +361,8 @@ def make_tiny(args: argparse.Namespace) -> None:
 
 
 def convert_whisper(args: argparse.Namespace) -> None:
-    from omni.models.whisper.convert_ct2 import convert
-    from omni.models.whisper.packaged import resolve_sources
+    from omni.models.whisper.checkpoint.convert_ct2 import convert
+    from omni.models.whisper.checkpoint.packaged import resolve_sources
 
     if len(args.paths) < 2:
         raise CliError("convert-whisper takes SRC [SRC ...] DST")
@@ -380,7 +380,7 @@ def embedded_extra_models(args: argparse.Namespace) -> list[tuple]:
     if args.model or args.family or table.get("path") or table.get("family"):
         return []
     from omni.models.whisper.graph import build
-    from omni.models.whisper.packaged import embedded_whisper
+    from omni.models.whisper.checkpoint.packaged import embedded_whisper
 
     try:
         path = embedded_whisper(cache_dir())

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omni.models.qwen3_omni.weights import CheckpointError
+from omni.models.weights import CheckpointError
 
 FAMILIES = {
     "Qwen3OmniMoeForConditionalGeneration": "qwen3_omni",

@@ -29,8 +29,8 @@ from omni.kernel.errors import GraphError
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.kernel.registry import ModelInfo
 from omni.models.qwen3_omni.config import Qwen3OmniConfig, load_config
-from omni.models.qwen3_omni.make_tiny import TINY_MARKER  # next to a random-weight checkpoint
-from omni.models.qwen3_omni.presets_full import random_marker  # a config-only dir: random weights at load
+from omni.models.qwen3_omni.checkpoint.make_tiny import TINY_MARKER  # next to a random-weight checkpoint
+from omni.models.qwen3_omni.checkpoint.presets_full import random_marker  # a config-only dir: random weights at load
 from omni.stages.ar.config import EngineConfig
 
 FAMILY = "qwen3-omni"
@@ -41,12 +41,12 @@ DEFAULT_MAX_TOKENS = {"thinker": 1024, "talker": 4096}
 TINY_MAX_TOKENS = {"thinker": 64, "talker": 256}
 
 _KINDS = {
-    "preprocess": "omni.models.qwen3_omni.preprocess_stage:PreprocessStage",
-    "audio_encoder": "omni.models.qwen3_omni.audio_encoder:AudioEncoderStage",
-    "vision_encoder": "omni.models.qwen3_omni.vision_encoder:VisionEncoderStage",
-    "thinker": "omni.models.qwen3_omni.thinker_stage:ThinkerStage",
-    "talker": "omni.models.qwen3_omni.talker_stage:TalkerStage",
-    "code2wav": "omni.models.qwen3_omni.code2wav:Code2WavStage",
+    "preprocess": "omni.models.qwen3_omni.stages.preprocess_stage:PreprocessStage",
+    "audio_encoder": "omni.models.qwen3_omni.stages.encoders:AudioEncoderStage",
+    "vision_encoder": "omni.models.qwen3_omni.stages.encoders:VisionEncoderStage",
+    "thinker": "omni.models.qwen3_omni.stages.thinker_stage:ThinkerStage",
+    "talker": "omni.models.qwen3_omni.stages.talker_stage:TalkerStage",
+    "code2wav": "omni.models.qwen3_omni.stages.code2wav_stage:Code2WavStage",
 }
 
 

@@ -18,8 +18,8 @@ from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.kernel.registry import ModelInfo
 from omni.models.whisper.config import WhisperConfig
 
-ENCODER_KIND = "omni.models.whisper.encoder_stage:WhisperEncoderStage"
-DECODER_KIND = "omni.models.whisper.decoder_stage:WhisperDecoderStage"
+ENCODER_KIND = "omni.models.whisper.stages.encoder_stage:WhisperEncoderStage"
+DECODER_KIND = "omni.models.whisper.stages.decoder_stage:WhisperDecoderStage"
 VARIANTS = (None, "", "transcribe")
 
 
@@ -33,7 +33,7 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     if variant not in VARIANTS:
         raise ValueError(f"Whisper has no graph variant {variant!r}; it only transcribes")
     if model_dir is None:
-        from omni.models.whisper.packaged import default_cache_dir, embedded_whisper
+        from omni.models.whisper.checkpoint.packaged import default_cache_dir, embedded_whisper
 
         model_dir = embedded_whisper(default_cache_dir())
         if model_dir is None:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from omni.stages.ar.attention import AttentionMetadata
+from omni.layers.paged_attention import AttentionMetadata
 from omni.stages.ar.graph_capture import capture_graph
 from omni.stages.ar.graph_inputs import GraphDecodeStep, StagedInputs, decode_rows, numpy_dtype
 from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from omni.kernel.errors import InvalidRequest
-from omni.stages.ar.attention import allocate_kv_cache
+from omni.layers.paged_attention import allocate_kv_cache
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.cuda_graphs import DecodeGraphs
 from omni.stages.ar.logprobs import gather_logprobs
@@ -34,7 +34,7 @@ def decode_kernel(config: EngineConfig, kv_cache: torch.Tensor):
     """The paged decode-attention kernel the config asks for, or None (torch SDPA)."""
     if config.attention_backend != "triton":
         return None
-    from omni.stages.ar.triton_attention import triton_decode_kernel
+    from omni.layers.triton_attention import triton_decode_kernel
 
     return triton_decode_kernel(kv_cache)
 

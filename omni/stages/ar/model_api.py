@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from omni.kernel.errors import InvalidRequest
-from omni.stages.ar.attention import AttentionMetadata, paged_attention
+from omni.layers.paged_attention import AttentionMetadata, paged_attention
 
 if TYPE_CHECKING:
     from omni.stages.ar.sequence import Sequence

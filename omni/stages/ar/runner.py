@@ -11,7 +11,7 @@ import torch
 
 from typing import Callable
 
-from omni.stages.ar.attention import AttentionMetadata
+from omni.layers.paged_attention import AttentionMetadata
 from omni.stages.ar.graph_inputs import GraphDecodeStep
 from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput, SeqSpan
 from omni.stages.ar.scheduler import ScheduledSeq

@@ -1,0 +1,194 @@
+"""`load_format="random"`: build a Qwen3-Omni part on the meta device and draw its weights directly
+on the target device (no checkpoint on disk, no host copy), same shapes, dtype and bytes as
+the real model. For benchmarks at full size (see `presets_full`), and for tests.
+
+Parameters: N(0, std) from one generator seeded by `seed` on the target device, in
+parameter-name order (so a seed always gives the same weights on that device); norm weights
+are 1 and biases 0 so activations stay in range through 48 layers. Non-parameter tensors
+(rotary `inv_freq`, sinusoid tables, code offsets, the talker's tts rows) are recomputed after
+`to_empty`, which leaves them uninitialised; `check_materialized` fails loudly if one is missed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import torch
+from torch import nn
+
+from omni.models.weights import CheckpointError
+
+LOAD_FORMATS = ("auto", "safetensors", "random")
+DEFAULT_STD = 0.02
+
+
+def load_format(args: dict[str, Any]) -> str:
+    """The stage's `load_format` arg ("auto" when absent); a typed error for an unknown one."""
+    fmt = str(args.get("load_format") or "auto")
+    if fmt not in LOAD_FORMATS:
+        raise CheckpointError(f"load_format {fmt!r} is not one of {LOAD_FORMATS}")
+    return fmt
+
+
+def is_random(args: dict[str, Any]) -> bool:
+    return load_format(args) == "random"
+
+
+# torch's default dtype is process-wide: stages setting up at once in one process (inline mode) take turns
+_DEFAULT_DTYPE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _meta(dtype: torch.dtype):
+    with _DEFAULT_DTYPE_LOCK, _default_dtype(dtype), torch.device("meta"):
+        yield
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return "Norm" in type(module).__name__
+
+
+@torch.no_grad()
+def randomize_(module: nn.Module, device, seed: int = 0, std: float = DEFAULT_STD) -> nn.Module:
+    """Allocate `module`'s parameters and buffers on `device` (uninitialised) and draw the parameters."""
+    module.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(int(seed))
+    owners = {f"{mod_name}.{p_name}" if mod_name else p_name: mod
+              for mod_name, mod in module.named_modules() for p_name, _ in mod.named_parameters(recurse=False)}
+    for name, param in sorted(module.named_parameters()):
+        if name.endswith("bias"):
+            param.zero_()
+        elif _is_norm(owners[name]):
+            param.fill_(1.0)
+        elif param.is_floating_point():
+            param.normal_(0.0, std, generator=gen)
+    module.requires_grad_(False)
+    return module.eval()
+
+
+def check_materialized(module: nn.Module) -> None:
+    """No parameter, buffer or tensor attribute may still be on the meta device."""
+    for mod_name, mod in module.named_modules():
+        tensors = list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False))
+        tensors += [(k, v) for k, v in vars(mod).items() if isinstance(v, torch.Tensor)]
+        for name, t in tensors:
+            if t.is_meta:
+                raise RuntimeError(f"random load left {mod_name + '.' if mod_name else ''}{name} on the meta device")
+
+
+def random_thinker(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: float = DEFAULT_STD):
+    """`Qwen3OmniThinker` (text model + lm_head) of `cfg` (a ThinkerConfig) with random weights."""
+    from omni.models.qwen3_omni.modules.rope import inv_freq
+    from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
+
+    with _meta(dtype):
+        model = Qwen3OmniThinker(cfg, dtype)
+    randomize_(model, device, seed, std)
+    model.inv_freq = inv_freq(cfg.text.head_dim, cfg.text.rope_theta).to(device)
+    check_materialized(model)
+    return model
+
+
+def random_talker(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: float = DEFAULT_STD):
+    """`TalkerModel` (+ code predictor) of `cfg` (a Qwen3OmniConfig); the tts rows come from random
+    thinker embedding rows through the (random) text projection, as a real load computes them."""
+    from omni.models.qwen3_omni.modules.talker import TalkerModel
+    from omni.models.qwen3_omni.modules.talker_layers import rope_inv_freq
+
+    with _meta(dtype):
+        model = TalkerModel(cfg)
+    randomize_(model, device, seed, std)
+    t = cfg.talker
+    model.inv_freq = rope_inv_freq(t.text.head_dim, t.text.rope_theta).to(device)
+    model.code_predictor.inv_freq = rope_inv_freq(t.code_predictor.head_dim, t.code_predictor.rope_theta).to(device)
+    gen = torch.Generator(device=device).manual_seed(int(seed) + 1)
+    rows = torch.randn(3, t.thinker_hidden_size, generator=gen, device=device, dtype=torch.float32) * std
+    with torch.no_grad():
+        model.tts_embeds.copy_(model.text_projection(rows.to(model.tts_embeds.dtype)))
+    check_materialized(model)
+    return model
+
+
+def random_code2wav(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: float = DEFAULT_STD):
+    """`Code2Wav` of `cfg` (a Code2WavConfig)."""
+    from omni.models.qwen3_omni.modules.code2wav import Code2Wav
+
+    with _meta(dtype):
+        model = Code2Wav(cfg)
+    randomize_(model, device, seed, std)
+    with torch.no_grad():
+        model.code_offset = (torch.arange(cfg.num_quantizers, device=device).view(1, -1, 1) * cfg.codebook_size)
+        pre = model.pre_transformer
+        pre.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float, device=device)
+                                                 / cfg.head_dim))
+    check_materialized(model)
+    return model
+
+
+def random_audio_encoder(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: float = DEFAULT_STD):
+    """`AudioEncoder` of `cfg` (an AudioEncoderConfig)."""
+    from omni.models.qwen3_omni.modules.audio_encoder import AudioEncoder, sinusoids
+
+    with _meta(dtype):
+        model = AudioEncoder(cfg)
+    randomize_(model, device, seed, std)
+    model.positions = sinusoids(cfg.max_source_positions, cfg.d_model).to(device)  # float32, as a real load
+    check_materialized(model)
+    return model
+
+
+def random_vision_encoder(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: float = DEFAULT_STD):
+    """`VisionEncoder` of `cfg` (a VisionEncoderConfig)."""
+    from omni.models.qwen3_omni.modules.vision_encoder import VisionEncoder
+
+    with _meta(dtype):
+        model = VisionEncoder(cfg)
+    randomize_(model, device, seed, std)
+    head_dim = cfg.hidden_size // cfg.num_heads
+    theta = float((cfg.raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    quarter = head_dim // 2
+    model.inv_freq = 1.0 / theta ** (torch.arange(0, quarter, 2, dtype=torch.float, device=device) / quarter)
+    check_materialized(model)
+    return model
+
+
+_BUILDERS = {
+    "thinker": lambda c: (random_thinker, c.thinker),
+    "talker": lambda c: (random_talker, c),
+    "code2wav": lambda c: (random_code2wav, c.code2wav),
+    "audio_encoder": lambda c: (random_audio_encoder, c.thinker.audio),
+    "vision_encoder": lambda c: (random_vision_encoder, c.thinker.vision),
+}
+
+
+def random_part(part: str, args: dict[str, Any], device) -> nn.Module | None:
+    """The stage's model with random weights when its args say `load_format="random"`, else None.
+
+    Reads the config from `args["model_dir"]` (or `args["model"]`); `dtype` defaults to bfloat16
+    (the published weights' dtype); `seed` (default 0) picks the weights.
+    """
+    if not is_random(args):
+        return None
+    from omni.models.qwen3_omni.config import load_config
+
+    model_dir = args.get("model_dir") or args.get("model")
+    if not isinstance(model_dir, str):
+        raise CheckpointError(f"{part}: load_format='random' needs a model_dir with a config.json")
+    cfg = load_config(model_dir)
+    if part not in ("thinker", "audio_encoder", "vision_encoder") and cfg.talker is None:
+        raise CheckpointError(f"{model_dir} has no audio output, so no {part}")
+    build, sub = _BUILDERS[part](cfg)
+    dtype = getattr(torch, args.get("dtype") or "bfloat16")
+    return build(sub, device=device, dtype=dtype, seed=int(args.get("seed") or 0) + list(_BUILDERS).index(part))

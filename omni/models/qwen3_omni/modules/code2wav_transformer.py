@@ -1,0 +1,135 @@
+"""code2wav's pre-transformer: causal sliding-window attention with a rolling KV cache.
+
+Each stream keeps the keys/values of its last `window - 1` frames, padded to that fixed size so
+streams at different positions batch together; a per-row mask hides the padding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omni.models.qwen3_omni.modules.code2wav_layers import StreamBatch
+from omni.models.qwen3_omni.config import Code2WavConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int, init: float):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class SlidingAttention(nn.Module):
+    def __init__(self, cfg: Code2WavConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.window = cfg.sliding_window
+        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.key = ""
+
+    @property
+    def cache_len(self) -> int:
+        return max(self.window - 1, 0)
+
+    def init_state(self, dtype, device) -> dict[str, torch.Tensor]:
+        shape = (1, self.kv_heads, self.cache_len, self.head_dim)
+        return {self.key + ".k": torch.zeros(shape, dtype=dtype, device=device),
+                self.key + ".v": torch.zeros(shape, dtype=dtype, device=device)}
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, st: StreamBatch) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = cos[:, None], sin[:, None]
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        keys = torch.cat([st.tensors[self.key + ".k"], k], dim=2)
+        values = torch.cat([st.tensors[self.key + ".v"], v], dim=2)
+        c = self.cache_len
+        st.tensors[self.key + ".k"] = keys[:, :, keys.shape[2] - c:]
+        st.tensors[self.key + ".v"] = values[:, :, values.shape[2] - c:]
+        rep = self.heads // self.kv_heads
+        keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
+        mask = self._mask(st.pos, t, x.device)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.head_dim ** -0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def _mask(self, pos: torch.Tensor, t: int, device) -> torch.Tensor:
+        """[B, 1, t, cache + t] booleans: key j visible to query i (causal, within the window,
+        and not cache padding of a stream younger than the cache)."""
+        c = self.cache_len
+        # key j sits at relative offset (j - c) from the first new frame; query i at offset i
+        offset = torch.arange(c + t, device=device) - c
+        query = torch.arange(t, device=device)[:, None]
+        visible = (offset[None, :] <= query) & (query - offset[None, :] < self.window)
+        filled = offset[None, :] >= -pos.to(device)[:, None]  # [B, c + t]
+        return (visible[None] & filled[:, None, :])[:, None]
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, cfg: Code2WavConfig):
+        super().__init__()
+        self.self_attn = SlidingAttention(cfg)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+
+    def forward(self, x, cos, sin, st: StreamBatch) -> torch.Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, st))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class PreTransformer(nn.Module):
+    def __init__(self, cfg: Code2WavConfig):
+        super().__init__()
+        self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float) / cfg.head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor, st: StreamBatch) -> torch.Tensor:
+        positions = st.pos.to(x.device)[:, None] + torch.arange(x.shape[1], device=x.device)[None]
+        freqs = positions[..., None].float() * self.inv_freq.float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, st)
+        return self.norm(x)

@@ -1,0 +1,196 @@
+"""Qwen3-Omni's vision encoder (weights under `thinker.visual.`) in omni's code.
+
+Patches arrive in spatial-merge-block order (see image_patches). Each patch gets a learned
+position embedding resampled bilinearly (align_corners) from a square table to the image's
+grid, plus 2-D rotary positions; attention stays within one frame of one image. The merger
+folds each 2x2 block into one token of the thinker's width; `deepstack` layers also emit
+merged features that the thinker adds to its first layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omni.kernel.errors import InvalidRequest
+from omni.models.qwen3_omni.config import VisionEncoderConfig, load_config
+from omni.models.weights import load_into
+
+PREFIX = "thinker.visual"
+_ACTS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "silu": F.silu}
+
+
+@dataclass
+class VisionOutput:
+    embeds: torch.Tensor  # [tokens, out_hidden_size] for one image
+    deepstack: list[torch.Tensor]  # one [tokens, out_hidden_size] per deepstack layer
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def block_order_rows_cols(h: int, w: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, col) of every patch of an h x w grid, listed block by block (merge x merge)."""
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    shape = (h // merge, merge, w // merge, merge)
+    return rows.reshape(shape).transpose(1, 2).flatten(), cols.reshape(shape).transpose(1, 2).flatten()
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, cfg: VisionEncoderConfig):
+        super().__init__()
+        self.heads = cfg.num_heads
+        self.norm1 = nn.LayerNorm(cfg.hidden_size, eps=1e-6)
+        self.norm2 = nn.LayerNorm(cfg.hidden_size, eps=1e-6)
+        self.attn = nn.Module()
+        self.attn.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
+        self.attn.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.mlp = nn.Module()
+        self.mlp.linear_fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp.linear_fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.act = _ACTS[cfg.hidden_act]
+
+    def forward(self, x, cos, sin, sizes: list[int]) -> torch.Tensor:
+        x = x + self._attention(self.norm1(x), cos, sin, sizes)
+        return x + self.mlp.linear_fc2(self.act(self.mlp.linear_fc1(self.norm2(x))))
+
+    def _attention(self, x, cos, sin, sizes: list[int]) -> torch.Tensor:
+        n, d = x.shape
+        q, k, v = self.attn.qkv(x).view(n, 3, self.heads, d // self.heads).unbind(1)
+        q = (q.float() * cos + _rotate_half(q.float()) * sin).to(x.dtype)
+        k = (k.float() * cos + _rotate_half(k.float()) * sin).to(x.dtype)
+        outs = []
+        start = 0
+        for size in sizes:  # one attention per frame; padded batching is not worth it here
+            sl = slice(start, start + size)
+            o = F.scaled_dot_product_attention(q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1))
+            outs.append(o.transpose(0, 1).reshape(size, d))
+            start += size
+        return self.attn.proj(torch.cat(outs))
+
+
+class PatchMerger(nn.Module):
+    def __init__(self, cfg: VisionEncoderConfig, norm_after_shuffle: bool):
+        super().__init__()
+        self.width = cfg.hidden_size * cfg.spatial_merge_size**2
+        self.norm_after_shuffle = norm_after_shuffle
+        self.ln_q = nn.LayerNorm(self.width if norm_after_shuffle else cfg.hidden_size, eps=1e-6)
+        self.mlp = nn.ModuleList([nn.Linear(self.width, self.width), nn.GELU(), nn.Linear(self.width, cfg.out_hidden_size)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.ln_q(x.reshape(-1, self.width)) if self.norm_after_shuffle else self.ln_q(x).reshape(-1, self.width)
+        for layer in self.mlp:
+            x = layer(x)
+        return x
+
+
+class VisionEncoder(nn.Module):
+    def __init__(self, cfg: VisionEncoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.patch_embed = nn.Module()
+        k = (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
+        self.patch_embed.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, kernel_size=k, stride=k)
+        self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
+        self.side = int(cfg.num_position_embeddings**0.5)
+        self.blocks = nn.ModuleList([VisionBlock(cfg) for _ in range(cfg.depth)])
+        self.merger = PatchMerger(cfg, norm_after_shuffle=False)
+        self.merger_list = nn.ModuleList([PatchMerger(cfg, True) for _ in cfg.deepstack_visual_indexes])
+        head_dim = cfg.hidden_size // cfg.num_heads
+        theta = float((cfg.raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+        quarter = head_dim // 2
+        self.register_buffer(
+            "inv_freq", 1.0 / theta ** (torch.arange(0, quarter, 2, dtype=torch.float) / quarter), persistent=False)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt_dir: str | Path, dtype=None, device: str = "cpu") -> "VisionEncoder":
+        with torch.device(device):
+            model = cls(load_config(ckpt_dir).thinker.vision)
+        load_into(model, ckpt_dir, PREFIX, dtype=dtype, device=device)
+        return model.eval()
+
+    @torch.inference_mode()
+    def forward(self, pixels: list[torch.Tensor], grids: list[tuple[int, int, int]]) -> list[VisionOutput]:
+        """pixels[i]: [t*h*w, C*T*P*P] patches of image i (block order); grids[i] = (t, h, w)."""
+        if len(pixels) != len(grids) or not pixels:
+            raise ValueError("one (t, h, w) grid per image is needed")
+        m = self.cfg.spatial_merge_size
+        for p, (t, h, w) in zip(pixels, grids):
+            if p.shape[0] != t * h * w or h % m or w % m:
+                raise ValueError(f"patches {tuple(p.shape)} do not fit grid {(t, h, w)} with merge {m}")
+        proj = self.patch_embed.proj
+        x = torch.cat(pixels).to(proj.weight.dtype)
+        x = F.linear(x, proj.weight.reshape(proj.out_channels, -1), proj.bias)
+        pos, cos, sin = self._positions(grids, x.device)
+        x = x + pos.to(x.dtype)
+        sizes = [h * w for t, h, w in grids for _ in range(t)]
+        deep = []
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, sizes)
+            if i in self.cfg.deepstack_visual_indexes:
+                deep.append(self.merger_list[self.cfg.deepstack_visual_indexes.index(i)](x))
+        merged = self.merger(x)
+        counts = [t * h * w // (m * m) for t, h, w in grids]
+        per_image = list(merged.split(counts))
+        deep_split = [d.split(counts) for d in deep]
+        return [VisionOutput(per_image[i], [d[i] for d in deep_split]) for i in range(len(grids))]
+
+    def _positions(self, grids, device):
+        """Learned (bilinearly resampled) position embeddings and rotary cos/sin, per patch."""
+        embeds, rows_all, cols_all = [], [], []
+        s = self.side
+        for t, h, w in grids:
+            rows, cols = (a.to(device) for a in block_order_rows_cols(h, w, self.cfg.spatial_merge_size))
+            y = rows.float() * (s - 1) / max(h - 1, 1)
+            xx = cols.float() * (s - 1) / max(w - 1, 1)
+            y0, x0 = y.floor().long(), xx.floor().long()
+            y1, x1 = (y0 + 1).clamp(max=s - 1), (x0 + 1).clamp(max=s - 1)
+            dy, dx = y - y0, xx - x0
+            table = self.pos_embed.weight
+            emb = (table[y0 * s + x0] * ((1 - dy) * (1 - dx))[:, None] + table[y0 * s + x1] * ((1 - dy) * dx)[:, None]
+                   + table[y1 * s + x0] * (dy * (1 - dx))[:, None] + table[y1 * s + x1] * (dy * dx)[:, None])
+            embeds.append(emb.repeat(t, 1))
+            rows_all.append(rows.repeat(t))
+            cols_all.append(cols.repeat(t))
+        rows, cols = torch.cat(rows_all), torch.cat(cols_all)
+        freqs = torch.cat([rows[:, None].float() * self.inv_freq, cols[:, None].float() * self.inv_freq], dim=-1)
+        freqs = torch.cat([freqs, freqs], dim=-1)[:, None, :]  # [n, 1 (heads), head_dim]
+        return torch.cat(embeds), freqs.cos(), freqs.sin()
+
+
+class ImagePatchesEncoder:
+    """`BatchEncoder` for the encoder stage. Item: {"pixels": [t*h*w, C*T*P*P] float32,
+    "grid_thw": [t, h, w]}. Output, in the thinker's keys: {"image_embeds": [tokens, out_hidden],
+    "image_deepstack": [deepstack layers, tokens, out_hidden], "image_grid_thw": [1, 3]}.
+    Images attend only to themselves: any batch works."""
+
+    def __init__(self, model: VisionEncoder):
+        self.model = model
+
+    def batch_key(self, item: dict) -> str:
+        pixels, grid = item.get("pixels"), item.get("grid_thw")
+        cfg = self.model.cfg
+        width = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
+        if pixels is None or grid is None or getattr(pixels, "ndim", 0) != 2 or pixels.shape[1] != width:
+            raise InvalidRequest(f"image item needs pixels [patches, {width}] and grid_thw")
+        t, h, w = (int(v) for v in np.asarray(grid).reshape(3))
+        if pixels.shape[0] != t * h * w or h % cfg.spatial_merge_size or w % cfg.spatial_merge_size:
+            raise InvalidRequest(f"pixels {list(pixels.shape)} do not fit grid {(t, h, w)}")
+        return "image"
+
+    def encode(self, items: list[dict]) -> list[dict]:
+        device = self.model.pos_embed.weight.device
+        pixels = [torch.as_tensor(np.asarray(it["pixels"], dtype=np.float32), device=device) for it in items]
+        grids = [tuple(int(v) for v in np.asarray(it["grid_thw"]).reshape(3)) for it in items]
+        outs = self.model(pixels, grids)
+        return [{"image_embeds": o.embeds,
+                 "image_deepstack": torch.stack(o.deepstack) if o.deepstack else o.embeds.new_zeros(0, *o.embeds.shape),
+                 "image_grid_thw": np.asarray([grid], dtype=np.int64)} for o, grid in zip(outs, grids)]
+

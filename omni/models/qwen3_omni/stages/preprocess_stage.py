@@ -1,0 +1,123 @@
+"""`PreprocessStage`: the entry stage of a Qwen3-Omni graph. Request params -> the thinker's prompt
+and the encoders' inputs, each on its own port.
+
+It checks the request (task, messages, voice, modalities) as soon as it opens, so a bad request
+fails before any model runs, then runs `Preprocessor` (chat template, tokenizer, Whisper log-mels,
+image patches) on the compute thread. Per request it emits, in this order:
+
+- port `audio`: one chunk per input audio {"features": [mel, frames] float32, "pad_len": int}
+  (`pad_len` is the request's longest chunk, as transformers pads all audios of a call together);
+- port `image`: one chunk per input image {"pixels": [patches, C*T*P*P] float32, "grid_thw": [3]};
+- port `grids`: {"image_grid_thw": [n, 3]} when the prompt has images (the talker's M-RoPE needs them);
+- port `prompt`: {"token_ids": int64 [n]} (placeholders expanded), and the request ends here.
+
+args: `model_dir`; `voices` (the talker's speakers; empty when the graph does not speak);
+`max_prompt_tokens` (the thinker's context: a longer prompt is refused by its characters at open,
+else by its token count before anything is sent on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from omni.kernel.errors import InvalidRequest, OmniError
+from omni.kernel.stage import Emit, Stage, StageContext
+from omni.kernel.registry import CHARS_PER_TOKEN
+from omni.models.qwen3_omni.request import chat_messages, check_voice, prompt_chars, wants_audio
+from omni.stages.threads import pin_torch_threads
+
+
+@dataclass
+class _Request:
+    messages: list[dict[str, Any]]
+    ready: bool = False
+    outputs: list[Emit] = field(default_factory=list)
+
+
+class PreprocessStage(Stage):
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        self.voices = list(ctx.args.get("voices") or [])
+        self.max_batch = max(1, int(ctx.args.get("max_batch", 8)))
+        self.max_prompt_tokens = int(ctx.args.get("max_prompt_tokens") or 0)  # the thinker's context; 0 = unbounded
+        self.requests: dict[str, _Request] = {}
+        self.processed = 0
+
+    def setup(self) -> None:
+        from omni.models.qwen3_omni.stages.preprocess import Preprocessor
+
+        pin_torch_threads(self.ctx.args)
+        self.pre = Preprocessor(self.ctx.args["model_dir"])
+        self.pre([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])  # the template compiles once, here
+
+    # ---- requests -------------------------------------------------------------------
+    def open(self, rid: str, params: dict[str, Any]) -> None:
+        if not isinstance(params, dict):
+            raise InvalidRequest("request params must be an object")
+        modalities = params.get("modalities")
+        if modalities is not None and (not isinstance(modalities, list) or not set(modalities) <= {"text", "audio"}):
+            raise InvalidRequest(f"modalities must be a list of 'text' / 'audio', got {modalities!r}")
+        if modalities is not None and "audio" in modalities and not self.voices:
+            raise InvalidRequest("this model (graph variant) does not produce audio; ask for modalities ['text']")
+        if wants_audio(params) and self.voices:
+            check_voice(params, self.voices)
+        messages = chat_messages(params)
+        if self.max_prompt_tokens:  # the cheap bound first: no tokenizer runs on a prompt that cannot fit
+            chars = prompt_chars(messages)
+            if chars > self.max_prompt_tokens * CHARS_PER_TOKEN:
+                raise InvalidRequest(f"the prompt has {chars} characters: more than the model's context of "
+                                     f"{self.max_prompt_tokens} tokens can hold")
+        self.requests[rid] = _Request(messages)
+
+    def close_input(self, rid: str) -> None:
+        if rid in self.requests:
+            self.requests[rid].ready = True
+
+    def abort(self, rid: str) -> None:
+        self.requests.pop(rid, None)
+
+    # ---- work -----------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return any(r.ready for r in self.requests.values())
+
+    def backlog(self) -> int:
+        return sum(r.ready for r in self.requests.values())
+
+    def step(self) -> list[Emit]:
+        emits: list[Emit] = []
+        for rid in [rid for rid, r in self.requests.items() if r.ready][: self.max_batch]:
+            request = self.requests.pop(rid)
+            try:
+                emits.extend(self.process(rid, request.messages))
+            except OmniError as exc:
+                emits.append(Emit(rid, error=str(exc), error_kind=exc.kind))
+            except Exception as exc:  # a broken input (e.g. an undecodable image) fails only its request
+                emits.append(Emit(rid, error=f"preprocessing failed: {type(exc).__name__}: {exc}",
+                                  error_kind="invalid_request"))
+            self.processed += 1
+        return emits
+
+    def process(self, rid: str, messages: list[dict[str, Any]]) -> list[Emit]:
+        from omni.models.qwen3_omni.modules.audio_encoder import default_pad_len
+
+        inputs = self.pre(messages)
+        if self.max_prompt_tokens and len(inputs.input_ids) > self.max_prompt_tokens:
+            raise InvalidRequest(f"the prompt is {len(inputs.input_ids)} tokens; the model's context is "
+                                 f"{self.max_prompt_tokens} tokens")
+        emits = []
+        if inputs.audio_features:
+            pad_len = default_pad_len([f.shape[1] for f in inputs.audio_features], self.pre.n_window)
+            emits += [Emit(rid, "audio", {"features": f, "pad_len": pad_len}) for f in inputs.audio_features]
+        for image in inputs.images:
+            emits.append(Emit(rid, "image", {"pixels": image.pixels,
+                                             "grid_thw": np.asarray(image.grid_thw, dtype=np.int64)}))
+        if inputs.images:
+            emits.append(Emit(rid, "grids", {"image_grid_thw": inputs.image_grid_thw}))
+        emits.append(Emit(rid, "prompt", {"token_ids": inputs.input_ids}, finish=True))
+        return emits
+
+    def stats(self) -> dict[str, Any]:
+        return {"open": len(self.requests), "ready": self.backlog(), "processed": self.processed}

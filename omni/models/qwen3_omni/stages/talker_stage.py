@@ -1,0 +1,226 @@
+"""`TalkerStage`: the talker on the AR engine, fed by the thinker's hidden-state stream.
+
+Per request: `open` takes the voice (`params["voice"]` or `params["speaker"]`) and the talker's sampling
+(`params["sampling"]["talker"]`: temperature, top_k, top_p, repetition_penalty, max_tokens,
+seed; temperature 0 = greedy). `feed(rid, "hidden", data)` takes the thinker's rows for its
+newest tokens, as {"embed": layer 0, "hidden": layer accept_hidden_layer, "token_ids"} (the
+first chunk holds the prompt, or its first `prompt_len` rows do) or
+as the engine's taps {"tap_start", "layer_0", "layer_<accept_hidden_layer>"}; the prompt's
+token ids come from `params["prompt_token_ids"]` or the first chunk's `token_ids`. A prompt
+with images / videos also needs their grids (`image_grid_thw`, `video_grid_thw`,
+`video_second_per_grid`, as the vision encoder sends them) in a chunk on any port. As soon
+as the prefill can be built the sequence enters the engine; later steps park until the
+thinker row they need arrives, or `close_input` says the thinker is done. A request whose
+modalities leave audio out ends at once, without work.
+
+Each step emits Emit(rid, "codes", {"codes": int64 [1, num_code_groups]}) per new frame
+and Emit(rid, finish=True) at codec EOS or max_tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni.kernel.errors import InvalidRequest
+from omni.kernel.stage import Emit, StageContext
+from omni.models.qwen3_omni.request import voice_of, wants_audio
+from omni.models.qwen3_omni.modules.rope import VisionGrid
+from omni.models.qwen3_omni.checkpoint.random_load import random_part
+from omni.models.qwen3_omni.modules.talker import TalkerModel, TalkerRequest
+from omni.stages.ar.engine import StepOutput
+from omni.stages.ar.sequence import SamplingParams
+from omni.stages.ar.stage import ARStage
+
+# transformers' `generate` defaults for the talker
+DEFAULT_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05, "max_tokens": 4096}
+DEFAULT_SPEAKER = "ethan"
+
+
+@dataclass
+class _Stream:
+    request: TalkerRequest
+    sampling: SamplingParams
+    submitted: bool = False
+
+
+GRID_KEYS = {"image_grid_thw", "video_grid_thw"}
+THINKER_KEYS = {"embed", "layer_0"}
+
+
+def _grids(value: Any, seconds: Any = None) -> list[VisionGrid]:
+    """[n, 3] (t, h, w) rows (+ seconds per temporal step for videos) -> grids."""
+    if value is None:
+        return []
+    rows = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value, dtype=np.int64).reshape(-1, 3)
+    secs = [1.0] * len(rows) if seconds is None else [float(x) for x in np.asarray(seconds, dtype=np.float64).ravel()]
+    if len(secs) != len(rows):
+        raise InvalidRequest(f"{len(rows)} video grids but {len(secs)} seconds-per-grid values")
+    return [VisionGrid(int(t), int(h), int(w), s) for (t, h, w), s in zip(rows, secs)]
+
+
+def _tensor(value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    return torch.from_numpy(np.array(value, copy=True))
+
+
+class TalkerStage(ARStage):
+    codes_port = "codes"
+    sampling_key = "talker"
+
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        self.model: TalkerModel | None = None
+        self._streams: dict[str, _Stream] = {}
+
+    # ---- set-up ---------------------------------------------------------------------
+    def build_model(self) -> TalkerModel:
+        """`args["model"]` (a built TalkerModel, in-process) or `args["model_dir"]`."""
+        args = self.ctx.args
+        model = args.get("model")
+        if model is None:
+            if "model_dir" not in args and "model_factory" in args:
+                return super().build_model()
+            dtype = getattr(torch, args.get("dtype") or "float32")
+            model = random_part("talker", args, self.ctx.device)  # load_format="random"
+            model = model if model is not None else TalkerModel.from_checkpoint(args["model_dir"], dtype=dtype, device=self.ctx.device)
+        return model
+
+    def engine_ready(self) -> None:
+        self.model = self.engine.model
+        self.model.max_model_len = self.engine.config.max_model_len
+        self._accept = self.model.cfg.talker.accept_hidden_layer
+        cfg = self.engine.config
+        if cfg.cuda_graphs:  # the code predictor's 15-step loop as one CUDA graph per batch bucket
+            self.model.use_predictor_graphs(cfg.cuda_graph_max_batch or cfg.max_num_seqs)
+
+    # ---- requests -------------------------------------------------------------------
+    def open(self, rid: str, params: dict[str, Any]) -> None:
+        if not wants_audio(params):
+            self._errors.append(Emit(rid, finish=True))
+            return
+        try:
+            sampling = self.sampling_params(params)
+            speaker = voice_of(params) or str(self.ctx.args.get("speaker") or DEFAULT_SPEAKER)
+            prompt = params.get("prompt_token_ids")
+            req = self.model.new_request(speaker, sampling.greedy, sampling.seed, list(prompt) if prompt else None)
+        except InvalidRequest as exc:
+            self._errors.append(Emit(rid, error=str(exc), error_kind=exc.kind))
+            return
+        self._streams[rid] = _Stream(req, sampling)
+
+    def warm_requests(self) -> list:
+        """A user turn of each prefill bucket's length and an assistant turn, with zero thinker rows,
+        through the serving path (open / feed / close_input), at the default sampling."""
+        ids, width = self.model.ids, self.model.cfg.talker.thinker_hidden_size
+        out = []
+        for n in self.warm_lengths():
+            prompt = [ids.im_start, ids.user] + [11] * max(1, n - 5) + [ids.im_start, ids.assistant, 198]
+            rows = torch.zeros(len(prompt) + 2, width)
+            chunk = {"embed": rows, "hidden": rows, "token_ids": prompt + [11, 11], "prompt_len": len(prompt)}
+            params = {"sampling": {self.sampling_key: {"max_tokens": 3, "ignore_eos": True}}}
+            out.append((params, [("hidden", chunk)]))
+        return out
+
+    def sampling_params(self, params: dict[str, Any]) -> SamplingParams:
+        """transformers' talker defaults, then `args["default_sampling"]`, then the request's
+        `params["sampling"]["talker"]`; codec EOS stops (with `ignore_eos` it is suppressed instead, so the
+        talker makes exactly max_tokens frames), the codec specials are suppressed and
+        the repetition penalty covers generated codes only, as in transformers."""
+        merged = {**DEFAULT_SAMPLING, **self.ctx.args.get("default_sampling", {})}
+        merged.update((params.get("sampling") or {}).get(self.sampling_key) or {})
+        if merged.get("ignore_eos"):  # exactly max_tokens frames: codec EOS is never sampled
+            merged["stop_token_ids"] = ()
+            merged["suppress_token_ids"] = (self.model.ids.codec_eos,)
+        else:
+            merged["stop_token_ids"] = (self.model.ids.codec_eos,)
+        # the other codec specials: the model's SuppressTokens processor
+        merged["penalty_includes_prompt"] = False
+        return SamplingParams.from_dict(merged)
+
+    def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
+        stream = self._streams.get(rid)
+        if stream is None:
+            return
+        try:
+            self._feed(rid, stream, data)
+        except InvalidRequest as exc:
+            self._fail(rid, exc)
+
+    def _feed(self, rid: str, stream: _Stream, data: dict[str, Any]) -> None:
+        inputs = stream.request.inputs
+        if GRID_KEYS & data.keys():
+            inputs.add_grids(_grids(data.get("image_grid_thw")),
+                             _grids(data.get("video_grid_thw"), data.get("video_second_per_grid")))
+            if not THINKER_KEYS & data.keys():
+                self._maybe_submit(rid, stream)
+                return
+        embed, hidden = data.get("embed"), data.get("hidden")
+        if embed is None:
+            embed, hidden = data.get("layer_0"), data.get(f"layer_{self._accept}")
+            start = data.get("tap_start")
+            if start is not None and int(start) != inputs.num_rows:
+                raise InvalidRequest(f"talker: thinker rows from {start}, expected {inputs.num_rows}")
+        if embed is None or hidden is None:
+            raise InvalidRequest(f"talker: thinker chunk lacks embed/hidden rows (keys {sorted(data)})")
+        if inputs.prompt_ids is None:
+            ids = data.get("token_ids")
+            n = int(data.get("prompt_len", len(embed)))
+            if ids is None or len(ids) < n:
+                raise InvalidRequest("talker: no prompt token ids (request params or first chunk)")
+            inputs.set_prompt([int(t) for t in list(ids)[:n]])
+        inputs.feed(_tensor(embed), _tensor(hidden))
+        self._maybe_submit(rid, stream)
+
+    def _maybe_submit(self, rid: str, stream: _Stream) -> None:
+        prefill = stream.request.inputs.prefill
+        if stream.submitted or prefill is None:
+            return
+        prompt = [self.model.placeholder_id] * int(prefill.shape[0])
+        self.engine.add_request(rid, prompt, stream.sampling, inputs={"talker": stream.request})
+        stream.submitted = True
+
+    def close_input(self, rid: str) -> None:
+        stream = self._streams.get(rid)
+        if stream is None:
+            return
+        stream.request.inputs.finish()
+        if stream.request.inputs.waiting_for_grids:
+            self._fail(rid, InvalidRequest("talker: the prompt has image/video tokens but no vision grids came"))
+        elif stream.request.inputs.starved:
+            # The thinker ended before its first generated token had a row: nothing to say.
+            self._streams.pop(rid)
+            self._errors.append(Emit(rid, finish=True))
+
+    def abort(self, rid: str) -> None:
+        self._streams.pop(rid, None)
+        super().abort(rid)
+
+    def _fail(self, rid: str, exc: InvalidRequest) -> None:
+        self.abort(rid)
+        self._errors.append(Emit(rid, error=str(exc), error_kind=exc.kind))
+
+    # ---- stepping -------------------------------------------------------------------
+    def emits_for(self, out: StepOutput) -> list[Emit]:
+        emits = []
+        codes = (out.extra or {}).get("codes")
+        if codes is not None:
+            frame = np.asarray(codes, dtype=np.int64).reshape(1, -1)
+            emits.append(Emit(out.rid, self.codes_port, {"codes": frame}))
+        if out.finished:
+            self._streams.pop(out.rid, None)
+            emits.append(Emit(out.rid, finish=True))
+        return emits
+
+    def backlog(self) -> int:
+        waiting = len(self.engine.scheduler.waiting) if self.engine else 0
+        return waiting + sum(not s.submitted for s in self._streams.values())
+
+    def stats(self) -> dict[str, Any]:
+        graphs = getattr(self.model, "predictor_graphs", None)
+        extra = {f"predictor_{k}": v for k, v in graphs.stats().items()} if graphs is not None else {}
+        return {**super().stats(), "streams": len(self._streams), **extra}

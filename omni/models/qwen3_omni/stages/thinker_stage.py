@@ -1,0 +1,131 @@
+"""`ThinkerStage`: the Qwen3-Omni thinker as a stage on the built-in AR engine, or with
+`backend="sglang"` on SGLang's (text prompts: the thinker's text model is exported once as a
+Qwen3-MoE checkpoint, see export_text.py).
+
+args: `model_dir` (a Qwen3-Omni checkpoint) or, in-process, `model` (a built
+`Qwen3OmniThinker`); `dtype` ("float32", "bfloat16", ...); any `EngineConfig` field.
+Defaults: EOS = `<|im_end|>`; hidden-state taps 0 and the talker's `accept_hidden_layer`
+when the checkpoint has a talker and the stage has a `hidden` output port.
+
+Per request: the prompt comes from `params["prompt_token_ids"]` and/or `token_ids` chunks;
+encoder outputs arrive as chunks with the keys `Qwen3OmniThinker.prepare` takes
+(`audio_embeds`, `image_embeds`, `image_grid_thw`, `image_deepstack`, `video_*`); a key
+that arrives in several chunks (several audios or images) is concatenated in arrival
+order, which must be prompt order. Sampling: `params["sampling"]["thinker"]`.
+Emits as `ARStage`: `text` {"token_ids", "text": the new text (detokenized incrementally, special
+tokens skipped; with a `model_dir`)}, `hidden` taps ("layer_0", "layer_<accept>"), only for requests
+that want audio (`request.wants_audio`); the request's End carries {"finish_reason", "usage":
+{"prompt_tokens", "completion_tokens"}}.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni.kernel.stage import Emit, StageContext
+from omni.models.qwen3_omni.config import load_config
+from omni.models.qwen3_omni.request import wants_audio
+from omni.models.qwen3_omni.checkpoint.random_load import random_part
+from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
+from omni.stages.ar.config import EngineConfig
+from omni.stages.ar.detokenizer import TextStream, load_tokenizer
+from omni.stages.ar.engine import StepOutput
+from omni.stages.ar.logprobs import describe
+from omni.stages.ar.stage import ARStage, copy_input
+
+
+class ThinkerStage(ARStage):
+    sampling_key = "thinker"
+
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        self.full_config = load_config(ctx.args["model_dir"]) if ctx.args.get("model_dir") else None
+        self.tokenizer = None
+        self._texts: dict[str, TextStream] = {}
+
+    def engine_ready(self) -> None:
+        if self.ctx.args.get("model_dir"):
+            self.tokenizer = load_tokenizer(self.ctx.args["model_dir"])
+
+    def sglang_model_path(self) -> str:
+        """SGLang serves the thinker's text model, exported once as a Qwen3-MoE checkpoint."""
+        args = self.ctx.args
+        if args.get("sglang_model_path") or not args.get("model_dir"):
+            return super().sglang_model_path()
+        from omni.models.qwen3_omni.checkpoint.export_text import cached_export
+        from omni.models.qwen3_omni.checkpoint.random_load import is_random
+
+        return str(cached_export(args["model_dir"], weights=not is_random(args), root=args.get("sglang_export_dir")))
+
+    def build_model(self) -> Qwen3OmniThinker:
+        args = self.ctx.args
+        if args.get("model") is not None:
+            return args["model"]
+        if not args.get("model_dir"):
+            return super().build_model()
+        model = random_part("thinker", args, self.ctx.device)  # load_format="random"
+        if model is not None:
+            return model
+        dtype = getattr(torch, args.get("dtype") or "float32")
+        return Qwen3OmniThinker.from_checkpoint(args["model_dir"], device=self.ctx.device, dtype=dtype)
+
+    def engine_config(self) -> EngineConfig:
+        args = dict(self.ctx.args)
+        args.setdefault("device", self.ctx.device)
+        cfg = self.full_config
+        if cfg is not None:
+            args.setdefault("eos_token_ids", (cfg.im_end_token_id,))
+            if cfg.talker is not None and self.hidden_port in self.ctx.out_ports:
+                args.setdefault("tap_layers", (0, cfg.talker.accept_hidden_layer))
+        return EngineConfig.from_dict(args)
+
+    def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
+        pending = self._pending.get(rid)
+        if pending is None:
+            return
+        for key, value in data.items():
+            if key == "token_ids":
+                pending.token_ids.extend(int(t) for t in value)
+            else:
+                pending.inputs.setdefault(key, []).append(copy_input(value))
+
+    def wants_hidden(self, params: dict[str, Any]) -> bool:
+        """Taps feed the talker: none for a request that asked for text only."""
+        return super().wants_hidden(params) and wants_audio(params)
+
+    def warm_requests(self) -> list:
+        """Greedy prompts of each prefill bucket's length (plain token ids, no media)."""
+        sampling = {"temperature": 0, "max_tokens": 2, "ignore_eos": True}
+        return [({"prompt_token_ids": [11] * n, "sampling": {self.sampling_key: sampling}}, [])
+                for n in self.warm_lengths()]
+
+    def submit(self, rid: str, params: dict[str, Any], token_ids: list[int], inputs: dict[str, Any]) -> None:
+        super().submit(rid, params, token_ids, inputs)
+        self._texts[rid] = TextStream(self.tokenizer)
+
+    def abort(self, rid: str) -> None:
+        self._texts.pop(rid, None)
+        super().abort(rid)
+
+    def emits_for(self, out: StepOutput) -> list[Emit]:
+        emits = super().emits_for(out)
+        stream = self._texts.get(out.rid)
+        if stream is None:
+            return emits
+        for emit in emits:
+            if emit.port == self.text_port and emit.data is not None:
+                ids = emit.data["token_ids"]
+                if self.tokenizer is None:
+                    stream.ids.extend(ids)
+                else:
+                    text = stream.push(ids)
+                    emit.data["text"] = text + stream.flush() if out.finished else text
+                    if out.logprobs:  # OpenAI's entries, token text included
+                        emit.data["logprobs"] = describe(self.tokenizer, out.logprobs)
+            if emit.finish:
+                usage = {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": len(stream.ids)}
+                emit.end_meta = {"finish_reason": out.finish_reason, "usage": usage}
+                del self._texts[out.rid]
+        return emits
