@@ -15,7 +15,9 @@ from omni.kernel.graph import EdgeSpec
 from omni.stages.demo import demo_graph
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "omni" / "kernel"
-LINE_BUDGET = 2300  # #15 aims at 1,500 (see the report of #15.4 for what stands between); this keeps it from growing
+# #15 asks for under 1,500. The kernel also holds the graph's override parsing (TOML, YAML, --set)
+# and the family registry; until those move out this bound keeps it from growing back.
+LINE_BUDGET = 2300
 
 
 def test_kernel_imports_neither_torch_nor_aiohttp():

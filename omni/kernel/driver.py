@@ -76,6 +76,8 @@ class StageDriver:
             self.stage.teardown()
 
     def run_once(self) -> tuple[list[Emit], list[Chunk]]:
+        """Cancels, then inputs while the stage takes them, then one step. Returns the emits and the
+        chunks taken (each owes its producer a credit, also when its request is gone)."""
         emits: list[Emit] = []
         taken: list[Chunk] = []
         while self._cancels:

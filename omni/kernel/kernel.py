@@ -49,8 +49,8 @@ class Kernel:
         self.max_inflight = max_inflight
         self.instance = new_instance_id()
         self.run_dir = ""
-        self.supervisor = Supervisor(graph, mode, self.instance, self._fail_held, heartbeat_timeout_s, log_level,
-                                     env or {})
+        self.supervisor = Supervisor(graph, mode, self.instance, self._on_replica_death, heartbeat_timeout_s,
+                                     log_level, env or {})
         self._inflight: dict[str, InflightRequest] = {}
         self._readers = Readers()
         self._queries: dict[int, dict[str, Any]] = {}
@@ -148,7 +148,7 @@ class Kernel:
                 if handle.state not in (ActorState.DOWN, ActorState.STOPPED):
                     self._send(handle.name, m.RequestCancel(rid))
 
-    def _fail_held(self, handle: ActorHandle, reason: str) -> list[str]:
+    def _on_replica_death(self, handle: ActorHandle, reason: str) -> list[str]:
         """A replica died: fail the requests that hold state in its stage or still have to pass
         through it, on that replica; returns their ids."""
         victims = [rid for rid, request in self._inflight.items()
