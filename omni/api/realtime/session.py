@@ -37,9 +37,8 @@ _decode = msgspec.json.Decoder().decode
 
 
 def hears(state: ServerState) -> bool:
-    """Does the main model take audio input (else Whisper transcribes each audio turn for it)?"""
-    info = state.info
-    return bool(info.extra.get("audio_input", info.family in ("qwen3-omni", "demo")))
+    """Does the main model take audio input (else a served transcriber transcribes each audio turn for it)?"""
+    return bool(state.info.extra.get("audio_input"))
 
 
 class RealtimeSession:

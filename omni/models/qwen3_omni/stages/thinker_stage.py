@@ -38,6 +38,7 @@ from omni.stages.ar.stage import ARStage, copy_input
 
 class ThinkerStage(ARStage):
     sampling_key = "thinker"
+    sglang_taps_model = "omni.vendor.sglang_models:OmniQwen3MoeTaps"  # SGLang's Qwen3-MoE + the talker's taps
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
