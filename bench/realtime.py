@@ -12,8 +12,8 @@ silence_duration_ms, reported beside the figures). Per turn: end of speech (afte
 held the last speech sample) -> first `response.audio.delta`, and the same from the
 `input_audio_buffer.speech_stopped` and `committed` events; per level p50/p90 at each turn, turn 1
 vs the last turn, audio seconds out, errors, and each stage's prefix-cache hit rate over the level
-(omnid's /metrics before and after). The `--cold` levels run first on a fresh server, then a warm-up
-session, then `--sessions`.
+(omnid's /metrics before and after; with one session, also around each turn). The `--cold` levels
+run first on a fresh server, then a warm-up session, then `--sessions`.
 
 Run:  python bench/realtime.py --url http://127.0.0.1:8000 [--sessions 1,8,32] [--cold 1] [--turns 10]
           [--pace realtime|fast] [--silence-ms N] [--max-tokens 32] [--audio-tokens 64]
@@ -120,8 +120,9 @@ class Turn:
 class Session:
     """One conversation: a reader task stamps the server's events onto the turn in progress."""
 
-    def __init__(self, ws, wl: Workload) -> None:
+    def __init__(self, ws, wl: Workload, scrape=None) -> None:
         self.ws, self.wl = ws, wl
+        self.scrape = scrape  # alone on the server: /metrics around each turn (its own prefix-cache hits)
         self.turn: Turn | None = None
         self.errors: list[str] = []
         self.session: dict | None = None  # the settings the server reports after our update
@@ -227,14 +228,17 @@ class Session:
         for k in range(wl.turns):
             if k and wl.level_deadline_s is not None and time.perf_counter() - level_t0 > wl.level_deadline_s:
                 break
+            before = await self.scrape() if self.scrape else None
             turn = await self.speak(k)
             rows.append(turn.row())
+            if self.scrape:
+                rows[-1]["prefix_cache"] = prefix_cache(before, await self.scrape())
             if turn.done_at is None:  # the conversation is in an unknown state: end it
                 break
         return rows
 
 
-async def run_session(http, wl: Workload, i: int, delay: float, level_t0: float) -> dict[str, Any]:
+async def run_session(http, wl: Workload, i: int, delay: float, level_t0: float, alone: bool) -> dict[str, Any]:
     """One session's rows; never raises (a failure is the session's error)."""
     await asyncio.sleep(delay)
     url = wl.url.replace("http", "ws", 1).rstrip("/") + f"/v1/realtime?model={wl.model}"
@@ -242,7 +246,7 @@ async def run_session(http, wl: Workload, i: int, delay: float, level_t0: float)
     out: dict[str, Any] = {"session": i, "turns": [], "error": None, "turn_detection": None}
     try:
         async with http.ws_connect(url, headers=headers, max_msg_size=0, heartbeat=30) as ws:
-            session = Session(ws, wl)
+            session = Session(ws, wl, (lambda: scrape(http, wl)) if alone else None)
             reader = asyncio.create_task(session.read())
             try:
                 out["turns"] = await session.converse(level_t0)
@@ -270,7 +274,7 @@ async def run_level(wl: Workload, sessions: int, turns: int, phase: str) -> dict
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
         before = await scrape(http, wl)
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(run_session(http, wl, i, i * wl.stagger_s / sessions, t0)
+        results = await asyncio.gather(*(run_session(http, wl, i, i * wl.stagger_s / sessions, t0, sessions == 1)
                                          for i in range(sessions)))
         wall = time.perf_counter() - t0
         after = await scrape(http, wl)
@@ -289,8 +293,10 @@ async def detect_model(url: str, api_key: str | None) -> str:
 
 
 async def sweep(wl: Workload, levels: list[int], cold: list[int], turns_at: dict[int, int],
-                warmup_turns: int) -> list[dict]:
-    out = []
+                warmup_turns: int, on_level=lambda rows: None) -> list[dict]:
+    """The cold levels, the warm-up session, the warm levels; `on_level(rows so far)` after each
+    (a run killed at its time limit keeps the levels it finished)."""
+    out: list[dict] = []
 
     async def level(c: int, phase: str) -> None:
         turns = turns_at.get(c, wl.turns)
@@ -303,6 +309,7 @@ async def sweep(wl: Workload, levels: list[int], cold: list[int], turns_at: dict
             f"{(row['all_turns'].get('stopped_to_audio_ms') or {}).get('p50')} ms; prefix cache "
             f"{ {k: v['hit_rate'] for k, v in row['prefix_cache'].items()} }")
         out.append(row)
+        on_level(out)
 
     for c in cold:
         await level(c, "cold")
@@ -373,17 +380,22 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                    "turn_detection_sent": None if args.silence_ms is None else wl.session_update()["session"]["turn_detection"],
                    "utterances_s": [round(len(u) / BYTES_PER_S, 3) for u in utterances],
                    "cold": cold, "sessions": levels, "warmup_turns": args.warmup_turns},
-        "levels": asyncio.run(sweep(wl, levels, cold, turns_at, args.warmup_turns)),
+        "levels": [],
     }
-    report["config"]["turn_detection"] = next((lv["turn_detection"] for lv in report["levels"]
-                                               if lv.get("turn_detection")), None)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    text = markdown(report)
-    if args.md:
-        Path(args.md).write_text(text)
-    print(text)
+
+    def write(levels: list[dict]) -> str:
+        report["levels"] = levels
+        report["config"]["turn_detection"] = next((lv["turn_detection"] for lv in levels if lv.get("turn_detection")),
+                                                  None)
+        text = markdown(report)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        if args.md:
+            Path(args.md).write_text(text)
+        return text
+
+    print(write(asyncio.run(sweep(wl, levels, cold, turns_at, args.warmup_turns, write))))
     return report
 
 

@@ -135,7 +135,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {_pp(t1.get('stopped_to_audio_ms'))} | {_pp(tl.get('stopped_to_audio_ms'))} "
             f"| {r['stopped_to_audio_ms'] if r['stopped_to_audio_ms'] is not None else '–'} "
             f"| {_p(lv['all_turns']['eos_to_stopped_ms'])} | {_pp(lv['all_turns']['eos_to_audio_ms'])} "
-            f"| {lv["audio_out_s"]:.2f} | {errs} | {hits} |")
+            f"| {lv['audio_out_s']:.2f} | {errs} | {hits} |")
     turns = max((lv["turns_per_session"] for lv in report["levels"]), default=0)
     lines += ["", "End of speech -> first audio p50 (ms) at each turn:", "",
               "| phase | sessions | " + " | ".join(f"turn {t}" for t in range(1, turns + 1)) + " |",
