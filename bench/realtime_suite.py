@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-blocks", type=int, default=4096, help="of thinker and talker (16 tokens each)")
     ap.add_argument("--short-silence-ms", type=int, default=None, help="the extra level's silence_duration_ms")
     ap.add_argument("--short-sessions", default="8")
-    ap.add_argument("--short-min-s", type=float, default=100.0, help="run the extra level only with this much left")
+    ap.add_argument("--short-min-s", type=float, default=90.0, help="run the extra level only with this much left")
     ap.add_argument("--scaled", action="store_true", help="CPU, the scaled config (a dry run)")
     ap.add_argument("--label", default="omni-realtime")
     ap.add_argument("--omnid-arg", action="append", default=[], metavar="ARG")
