@@ -32,7 +32,7 @@ cmd=(python3 bench/realtime_suite.py --out-dir "$R/suite" --sessions "${SESSIONS
      "${SHORT[@]}" "${SCALED_ARG[@]}" "${OMNID[@]}"
      -- --turns "${TURNS:-10}" --level-deadline-s "$LEVEL_S" ${BENCH_ARGS:-})
 say "${cmd[*]}"
-timeout -k 15 $(( BUDGET + 30 )) "${cmd[@]}" > "$R/suite.log" 2>&1
+timeout -k 45 $(( BUDGET + 30 )) "${cmd[@]}" > "$R/suite.log" 2>&1
 say "suite rc=$?"
 grep -E "level|turns ok|warm-up|omnid_start|realtime" "$R/suite.log" | tail -30 | tee -a "$LOG"
 for f in realtime.md realtime.json realtime_short.md realtime_short.json; do
