@@ -204,7 +204,7 @@ class Session:
             else:
                 try:
                     await asyncio.wait_for(turn.done.wait(), limit - time.perf_counter())
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         if not turn.done.is_set():
             turn.errors.append(f"no response.done within {wl.turn_timeout_s:g} s of the end of speech "
@@ -278,7 +278,8 @@ async def run_level(wl: Workload, sessions: int, turns: int, phase: str) -> dict
                                          for i in range(sessions)))
         wall = time.perf_counter() - t0
         after = await scrape(http, wl)
-    return {"phase": phase, **level_summary(results, wall, sessions, turns), "prefix_cache": prefix_cache(before, after),
+    return {"phase": phase, **level_summary(results, wall, sessions, turns),
+            "prefix_cache": prefix_cache(before, after),
             "sessions_detail": results}
 
 
@@ -377,7 +378,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                    "chunk_ms": args.chunk_ms, "lead_ms": args.lead_ms, "gap_s": args.gap_s,
                    "stagger_s": args.stagger_s, "max_tokens": args.max_tokens, "audio_tokens": args.audio_tokens,
                    "ignore_eos": True, "sampling": "server default (none sent)",
-                   "turn_detection_sent": None if args.silence_ms is None else wl.session_update()["session"]["turn_detection"],
+                   "turn_detection_sent": wl.session_update()["session"].get("turn_detection"),
                    "utterances_s": [round(len(u) / BYTES_PER_S, 3) for u in utterances],
                    "cold": cold, "sessions": levels, "warmup_turns": args.warmup_turns},
         "levels": [],

@@ -104,7 +104,8 @@ def targets(report: dict[str, Any]) -> list[str]:
         if lv["sessions"] == 8:
             eos, stop = lv["all_turns"]["eos_to_audio_ms"], lv["all_turns"]["stopped_to_audio_ms"]
             if eos:
-                out.append(f"- 8 sessions: end of speech -> first audio p50 {eos['p50']:,.0f} ms, p90 {eos['p90']:,.0f} ms "
+                out.append(f"- 8 sessions: end of speech -> first audio p50 {eos['p50']:,.0f} ms, "
+                           f"p90 {eos['p90']:,.0f} ms "
                            f"(target <= 300: {'met' if eos['p50'] <= 300 else 'missed'}); from speech_stopped "
                            f"p50 {_p(stop)} ms (the VAD's silence wait excluded)")
     return out
@@ -112,7 +113,8 @@ def targets(report: dict[str, Any]) -> list[str]:
 
 def markdown(report: dict[str, Any]) -> str:
     m, cfg = report["machine"], report["config"]
-    where = f"{m.get('cpu_model') or platform.machine()}, {m['cpu_count']} CPUs" + (f", {m['gpu']}" if "gpu" in m else "")
+    where = f"{m.get('cpu_model') or platform.machine()}, {m['cpu_count']} CPUs"
+    where += f", {m['gpu']}" if "gpu" in m else ""
     head = ("| phase | sessions | turns ok/planned | EoS->audio p50/p90 turn 1 | last turn | last/1 | "
             "stopped->audio p50/p90 turn 1 | last turn | last/1 | EoS->stopped p50 | all turns EoS->audio p50/p90 | "
             "audio out s | errors | prefix-cache hit rate |")
