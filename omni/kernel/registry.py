@@ -143,3 +143,4 @@ for _kind, _target in {
 REGISTRY.register_family("demo", "omni.stages.demo:build_demo", ["OmniDemo"])
 REGISTRY.register_family("qwen3-omni", "omni.models.qwen3_omni.graph:build", ["Qwen3OmniMoeForConditionalGeneration"])
 REGISTRY.register_family("whisper", "omni.models.whisper.graph:build", ["WhisperForConditionalGeneration"], tasks=["transcribe"])
+importlib.import_module("omni.models.qwen3_tts").register(REGISTRY)  # until families are discovered

@@ -50,6 +50,9 @@ class TTSTalkerStage(TalkerStage):
     def engine_ready(self) -> None:
         self.model = self.engine.model
         self.model.max_model_len = self.engine.config.max_model_len
+        args = self.ctx.args
+        self.model.predictor_top_k = int(args.get("predictor_top_k", self.model.predictor_top_k))
+        self.model.predictor_top_p = float(args.get("predictor_top_p", self.model.predictor_top_p))
         cfg = self.engine.config
         if cfg.cuda_graphs:
             self.model.use_predictor_graphs(cfg.cuda_graph_max_batch or cfg.max_num_seqs)
