@@ -184,9 +184,16 @@ def speech_params(state: ServerState, req: SpeechRequest) -> dict:
     voice = resolve_voice(state, req.voice, "voice")
     # speed is applied by the API (resampling, see routes_audio) unless the model says it applies it
     speed = req.speed if model_applies_speed(state) else 1.0
-    return {"task": "speech", "input": req.input, "voice": voice, "speed": speed,
-            "modalities": ["audio"], "messages": [],
-            "sampling": stage_sampling(state, {}, req.stage_sampling)}
+    params = {"task": "speech", "input": req.input, "voice": voice, "speed": speed,
+              "modalities": ["audio"], "messages": [],
+              "sampling": stage_sampling(state, {}, req.stage_sampling)}
+    takes = state.info.extra.get("instructions")  # a model that takes instructions (or refuses them) says so
+    if req.instructions and takes is False:
+        raise bad_request(f"model {state.info.id!r} takes no instructions", param="instructions",
+                          code="unsupported_value")
+    if req.instructions and takes:
+        params["instructions"] = req.instructions
+    return params
 
 
 def model_applies_speed(state: ServerState) -> bool:

@@ -15,10 +15,10 @@ How it compares with the reference: greedy codes are the same for every kind and
 from __future__ import annotations
 
 STAGES = {
-    "qwen3_tts.preprocess": "omni.models.qwen3_tts.stages.preprocess_stage:PreprocessStage",
-    "qwen3_tts.talker": "omni.models.qwen3_tts.stages.talker_stage:TTSTalkerStage",
-    "qwen3_tts.voice": "omni.models.qwen3_tts.stages.voice_stage:VoiceStage",
-    "qwen3_tts.codec": "omni.models.qwen3_tts.stages.codec_stage:CodecStage",
+    "qwen3_tts_preprocess": "omni.models.qwen3_tts.stages.preprocess_stage:PreprocessStage",
+    "qwen3_tts_talker": "omni.models.qwen3_tts.stages.talker_stage:TTSTalkerStage",
+    "qwen3_tts_voice": "omni.models.qwen3_tts.stages.voice_stage:VoiceStage",
+    "qwen3_tts_codec": "omni.models.qwen3_tts.stages.codec_stage:CodecStage",
 }
 
 

@@ -31,11 +31,13 @@ from omni.models.qwen3_tts.config import load_config
 
 FAMILY = "qwen3-tts"
 KINDS = {
-    "preprocess": "qwen3_tts.preprocess",
-    "voice": "qwen3_tts.voice",
-    "talker": "qwen3_tts.talker",
-    "codec": "qwen3_tts.codec",
+    "preprocess": "qwen3_tts_preprocess",
+    "voice": "qwen3_tts_voice",
+    "talker": "qwen3_tts_talker",
+    "codec": "qwen3_tts_codec",
 }
+# what a stage serves alone (the kernel's routing skips the stages a request does not need)
+CAPABILITIES = {"voice": "voice_clone", "talker": "speech", "codec": "speech"}
 TINY_MAX_TOKENS = 64
 DEFAULT_MAX_TOKENS = 8192  # the published generation_config's max_new_tokens
 
@@ -64,6 +66,15 @@ def sample_rate_of(model_dir: str | Path) -> int:
         return 24000
 
 
+def needs(params: dict[str, Any]) -> set[str]:
+    return {"speech"}
+
+
+def needs_base(params: dict[str, Any]) -> set[str]:
+    """A voice-creation request (task "voice") runs the voice stage only; speech runs everything."""
+    return {"voice_clone"} if params.get("task") == "voice" else {"speech", "voice_clone"}
+
+
 def build(model_dir: str | Path | None, variant: str | None = None, **options: Any) -> tuple[Graph, ModelInfo]:
     if model_dir is None:
         raise GraphError("the qwen3-tts family needs a checkpoint directory")
@@ -80,7 +91,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     def stage(name: str, args: dict[str, Any]) -> StageSpec:
         args = {"model_dir": model_dir, **args, "threads": threads, **({"dtype": dtype} if dtype else {}),
                 **options.get("stage_args", {}).get(name, {})}
-        return StageSpec(name, KINDS[name], args=args, device="cpu" if name == "preprocess" else device)
+        return StageSpec(name, KINDS[name], args=args, device="cpu" if name == "preprocess" else device,
+                         capability=CAPABILITIES.get(name, ""))
 
     stages = [
         stage("preprocess", {}),
@@ -95,8 +107,10 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     ]
     if base:
         stages.insert(1, stage("voice", {}))
-        edges += [EdgeSpec("preprocess", "voice", "voice", "voice"), EdgeSpec("voice", "voice", "talker", "voice")]
-    graph = Graph(name=f"{FAMILY}-{cfg.kind}", stages=stages, edges=edges, entry="preprocess")
+        edges += [EdgeSpec("preprocess", "voice", "voice", "voice"), EdgeSpec("voice", "voice", "talker", "voice"),
+                  EdgeSpec("voice", "voice_prompt", OUT)]  # a voice's embedding + codes, for POST /v1/audio/voices
+    graph = Graph(name=f"{FAMILY}-{cfg.kind}", stages=stages, edges=edges, entry="preprocess",
+                  needs="omni.models.qwen3_tts.graph:needs_base" if base else "omni.models.qwen3_tts.graph:needs")
     graph.validate()
     info = ModelInfo(
         id=options.get("model_id") or Path(model_dir).name,
@@ -106,7 +120,7 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         sample_rate=sample_rate_of(model_dir),
         random_weights=tiny,
         extra={"tts_kind": cfg.kind, "model_dir": model_dir, "instructions": cfg.kind != "base",
-               "voice_cloning": base, "languages": cfg.supported_languages,
+               "clones_voices": base, "speaker_sample_rate": 24000, "languages": cfg.supported_languages,
                **({"tiny": json.loads((Path(model_dir) / TINY_MARKER).read_text())} if tiny else {})},
     )
     return graph, info

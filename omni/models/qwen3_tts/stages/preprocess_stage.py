@@ -4,11 +4,10 @@ It checks the request when it opens (text, voice, language, instructions against
 checkpoint's kind), so a bad request fails before any model runs, then tokenizes the
 reference's text formats on its compute thread. Per request it emits:
 
-- port `voice` (Base graphs): {"voice": the voice name / id, or ""} for the voice stage, which reads
-  the rest (an inline clip) from the params it was opened with and answers the talker with the
-  speaker embedding and codes;
 - port `prompt`: {"input_ids", "instruct_ids" (or None), "language", "speaker" (CustomVoice),
-  "non_streaming"}, and the request ends here.
+  "non_streaming"}, and the request ends here: that also ends the `voice` edge of a Base graph, whose
+  voice stage reads its voice (an uploaded one, an inline clip) from the params it was opened with.
+  A voice-creation request (task "voice", Base only) sends nothing: only the voice stage runs.
 
 args: `model_dir`; `max_batch` (requests tokenized per step).
 """
@@ -45,6 +44,11 @@ class PreprocessStage(Stage):
         if not isinstance(params, dict):
             raise InvalidRequest("request params must be an object")
         cfg = self.cfg
+        if params.get("task") == "voice":  # voice creation: the voice stage reads its clip from the params
+            if cfg.kind != "base":
+                raise InvalidRequest("only a Base (voice cloning) checkpoint creates voices")
+            self.requests[rid] = {"task": "voice"}
+            return
         text = speech_text(params)
         instruct = instructions_of(params)
         language = str(params.get("language") or "auto")
@@ -60,8 +64,7 @@ class PreprocessStage(Stage):
             raise InvalidRequest("instructions are not supported by a Base (voice cloning) checkpoint")
         language_id(cfg, language, speaker)  # an unknown language fails here
         self.requests[rid] = {"text": text, "instruct": instruct, "language": language, "speaker": speaker,
-                              "non_streaming": non_streaming_of(params, cfg.kind),
-                              "voice": params.get("voice")}
+                              "non_streaming": non_streaming_of(params, cfg.kind)}
 
     def close_input(self, rid: str) -> None:
         if rid in self.requests:
@@ -92,14 +95,12 @@ class PreprocessStage(Stage):
         return emits
 
     def process(self, rid: str, r: dict[str, Any]) -> list[Emit]:
+        if r.get("task") == "voice":
+            return [Emit(rid, finish=True)]  # ends the voice edge: the voice stage answers alone
         prompt = {"input_ids": tokenize(self.tokenizer, assistant_text(r["text"])),
                   "instruct_ids": tokenize(self.tokenizer, instruct_text(r["instruct"])) if r["instruct"] else None,
                   "language": r["language"], "speaker": r["speaker"], "non_streaming": r["non_streaming"]}
-        emits = []
-        if "voice" in self.ctx.out_ports:
-            emits.append(Emit(rid, "voice", {"voice": r["voice"] or ""}))
-        emits.append(Emit(rid, "prompt", prompt, finish=True))
-        return emits
+        return [Emit(rid, "prompt", prompt, finish=True)]  # ends the voice edge too (Base graphs)
 
     def stats(self) -> dict[str, Any]:
         return {"open": len(self.requests), "ready": self.backlog(), "processed": self.processed}
