@@ -56,10 +56,11 @@ class SlidingAttention(nn.Module):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.window = cfg.sliding_window
-        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        bias = getattr(cfg, "attention_bias", False)  # Qwen3-TTS's decoder config may set it
+        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
         self.key = ""
 
     @property
@@ -118,10 +119,14 @@ class TransformerLayer(nn.Module):
 
 
 class PreTransformer(nn.Module):
-    def __init__(self, cfg: Code2WavConfig):
+    """With `io_dim` (Qwen3-TTS), linear maps io_dim -> hidden_size before the layers and back after."""
+
+    def __init__(self, cfg: Code2WavConfig, io_dim: int | None = None):
         super().__init__()
         self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_proj = nn.Linear(io_dim, cfg.hidden_size) if io_dim else None
+        self.output_proj = nn.Linear(cfg.hidden_size, io_dim) if io_dim else None
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float) / cfg.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
@@ -130,6 +135,9 @@ class PreTransformer(nn.Module):
         freqs = positions[..., None].float() * self.inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        if self.input_proj is not None:
+            x = self.input_proj(x)
         for layer in self.layers:
             x = layer(x, cos, sin, st)
-        return self.norm(x)
+        x = self.norm(x)
+        return x if self.output_proj is None else self.output_proj(x)
