@@ -50,6 +50,9 @@ def load():
     import qwen_tts
 
     _cache_rename_compat()
+    import qwen3_tts_reference_compat  # the 12 Hz tokenizer's glue on transformers 5.24 (Mimi split)
+
+    qwen3_tts_reference_compat.patch()
     return qwen_tts
 
 
