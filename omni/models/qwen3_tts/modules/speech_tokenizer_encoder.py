@@ -230,6 +230,7 @@ class SpeechTokenizerEncoder(nn.Module):
     def __init__(self, cfg: EncoderConfig, keep: int):
         super().__init__()
         self.cfg = cfg
+        self.num_quantizers = keep  # codes per frame it gives
         self.encoder = SEANetEncoder(cfg)
         self.encoder_transformer = EncoderTransformer(cfg)
         self.downsample = CausalPadConv(cfg.hidden_size, cfg.hidden_size, 2 * cfg.latent_stride,
