@@ -12,8 +12,9 @@ Phases per voice kind: omnid fresh (its first request, and for the cloned voice 
 first use, reported apart as "fresh"), then the warm levels; then omnid stops and the reference
 runs on the same GPU: `Qwen3TTSModel.generate_custom_voice` / `generate_voice_clone` (with a voice
 prompt made once by `create_voice_clone_prompt`), a batch of c texts per call (its own batching),
-non-streaming, so its TTFA is its whole latency; its codec EOS is disabled so it makes the same
-number of frames.
+non-streaming, so its TTFA is its whole latency; it stops only at max_new_tokens (its eos id is set to
+one it never samples), but a random talker may still sample codec EOS, which the reference then cuts
+from that row: its rows count the audio it actually made.
 
 Run:  python bench/tts.py --out-dir R [--kinds custom_voice,base] [--concurrency 1,8,16,64]
           [--frames 96] [--budget-s 480] [--reference-levels 1,8,16,64] [--no-reference] [--scaled]
