@@ -44,6 +44,9 @@ class ServerConfig:
     probe_timeout_s: float = 1.0
     model_aliases: list[str] = field(default_factory=list)  # extra names clients may use for the model
     allowed_origins: list[str] = field(default_factory=list)  # CORS: origins browsers may call from ("*": any)
+    voice_dir: str | None = None  # uploaded voices (models that clone voices); None: <cache dir>/voices
+    voice_cache_bytes: int = 256 << 20  # their total size on disk; past it the least recently used go
+    voice_max_seconds: float = 60.0  # longest reference clip taken
 
 
 @dataclass
@@ -67,6 +70,7 @@ class ServerState:
     draining: bool = False
     _idle: asyncio.Event | None = None
     extra_models: list[ServedModel] = field(default_factory=list)
+    voices: Any = None  # the VoiceStore of a model that clones voices
 
     def model_names(self) -> list[str]:
         """Every name a client may use: the served models, operator aliases, then those OpenAI names
@@ -185,7 +189,7 @@ async def admission_middleware(request: web.Request, handler):
 def build_app(kernel: Any, info: ModelInfo, stage_names: list[str], config: ServerConfig | None = None,
               extra_models: list[ServedModel] | None = None) -> web.Application:
     """The whole API for one served model (plus `extra_models` beside it), ready for an AppRunner."""
-    from omni.api import playground, routes_audio, routes_chat, routes_info, routes_transcribe
+    from omni.api import playground, routes_audio, routes_chat, routes_info, routes_transcribe, routes_voices
 
     config = config or ServerConfig()
     app = web.Application(client_max_size=config.max_body_bytes,
@@ -193,11 +197,13 @@ def build_app(kernel: Any, info: ModelInfo, stage_names: list[str], config: Serv
                                        admission_middleware])
     if config.allowed_origins:
         install_cors(app, config.allowed_origins)
-    app[STATE] = ServerState(kernel, info, list(stage_names), config, extra_models=list(extra_models or ()))
+    app[STATE] = ServerState(kernel, info, list(stage_names), config, extra_models=list(extra_models or ()),
+                             voices=routes_voices.open_store(info, config))
     app.router.add_post(routes_chat.ROUTE, routes_chat.chat_completions)
     app.router.add_post(routes_audio.SPEECH_ROUTE, routes_audio.speech)
     app.router.add_post(routes_transcribe.TRANSCRIBE_ROUTE, routes_transcribe.transcriptions)
     app.router.add_post(routes_transcribe.TRANSLATE_ROUTE, routes_transcribe.translations)
+    routes_voices.install(app)
     app.router.add_get("/v1/models", routes_info.list_models)
     app.router.add_get("/v1/models/{model}", routes_info.get_model)
     app.router.add_get("/health", routes_info.health)
