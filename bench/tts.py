@@ -153,7 +153,7 @@ def upload_voice(url: str, name: str, clip) -> tuple[float, str | None]:
 
     boundary = uuid.uuid4().hex
     parts = [(f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n').encode()
-             for k, v in (("name", name), ("text", REF_TEXT))]
+             for k, v in (("name", name), ("ref_text", REF_TEXT))]
     parts.append((f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="clip.wav"\r\n'
                   "Content-Type: audio/wav\r\n\r\n").encode() + wav_bytes(clip) + b"\r\n")
     data = b"".join(parts) + f"--{boundary}--\r\n".encode()

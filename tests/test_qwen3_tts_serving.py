@@ -120,7 +120,7 @@ def ensure_voice(s: System) -> None:
 
     boundary = uuid.uuid4().hex
     body = b"".join(f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
-                    for k, v in (("name", "clone-a"), ("text", REF_TEXT)))
+                    for k, v in (("name", "clone-a"), ("ref_text", REF_TEXT)))
     body += (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="clip.wav"\r\n'
              f"Content-Type: audio/wav\r\n\r\n").encode() + wav_bytes(clip()) + f"\r\n--{boundary}--\r\n".encode()
     req = urllib.request.Request(s.server.url + "/v1/audio/voices", data=body,
