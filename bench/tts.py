@@ -286,15 +286,24 @@ def markdown(rows: list[dict]) -> str:
     def f(v, digits=1):
         return "" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
 
-    lines = ["| engine | voice | phase | c | ok/n | TTFA mean ms | TTFA p50 | TTFA p90 | RTF | audio-s/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| engine | voice | phase | c | ok/n | TTFA mean ms | TTFA p50 | TTFA p90 | RTF | audio-s/s | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes = {"start_s": "server start {} s", "voice_upload_s": "voice upload {:.2f} s", "load_s": "load {} s",
+             "voice_prompt_s": "voice prompt {:.2f} s"}
     for r in rows:
         if "concurrency" not in r:
-            lines.append(f"| {r.get('engine')} | {r.get('kind')} | {r.get('phase')} | | | error: {r.get('error')} |")
+            lines.append(f"| {r.get('engine')} | {r.get('kind')} | {r.get('phase')} | | | | | | | | "
+                         f"error: {r.get('error')} |")
             continue
-        lines.append(f"| {r['engine']} | {r['voice']} | {r['phase']} | {r['concurrency']} | {r['ok']}/{r['requests']} "
-                     f"| {f(r['ttfa_ms_mean'])} | {f(r['ttfa_ms_p50'])} | {f(r['ttfa_ms_p90'])} "
-                     f"| {f(r['rtf_mean'], 3)} | {f(r['audio_s_per_s'])} |")
+        for row, phase in ((r, r["phase"]), (r.get("second_request"), "fresh, 2nd request")):
+            if row is None:
+                continue
+            note = ", ".join(t.format(row[k]) for k, t in notes.items() if row.get(k) is not None)
+            errors = "; ".join(row.get("errors") or [])
+            lines.append(f"| {row['engine']} | {row['voice']} | {phase} | {row['concurrency']} | "
+                         f"{row['ok']}/{row['requests']} | {f(row['ttfa_ms_mean'])} | {f(row['ttfa_ms_p50'])} | "
+                         f"{f(row['ttfa_ms_p90'])} | {f(row['rtf_mean'], 3)} | {f(row['audio_s_per_s'])} | "
+                         f"{note}{'; ' if note and errors else ''}{errors[:120]} |")
     return "\n".join(lines) + "\n"
 
 
