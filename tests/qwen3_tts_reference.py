@@ -55,9 +55,12 @@ def load():
     import qwen_tts
 
     _cache_rename_compat()
-    import qwen3_tts_reference_compat  # the 12 Hz tokenizer's glue on transformers 5.24 (Mimi split)
+    from transformers import MimiModel
 
-    qwen3_tts_reference_compat.patch()
+    if isinstance(getattr(MimiModel, "upsample", None), property):  # transformers >= 5.24 split Mimi in halves
+        import qwen3_tts_reference_compat  # the 12 Hz tokenizer's glue for that split
+
+        qwen3_tts_reference_compat.patch()
     return qwen_tts
 
 
