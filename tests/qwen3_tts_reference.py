@@ -3,7 +3,8 @@
 `qwen_tts` imports its 25 Hz tokenizer at package import, which needs `sox`, `onnxruntime` and
 `torchaudio`; 12 Hz checkpoints (the only ones omni serves) never run that code, so absent
 modules are replaced by empty stand-ins that fail loudly if anything calls them. librosa (the
-speaker encoder's mel filters) and einops are real dependencies. The hub is off: every load is
+speaker encoder's mel filters) and einops are real dependencies (a benchmark machine without
+librosa may take omni's equal mel filters instead: OMNI_REFERENCE_MEL=omni). The hub is off: every load is
 from a local folder.
 """
 
@@ -30,9 +31,13 @@ class _Absent(types.ModuleType):
 def load():
     """The `qwen_tts` package (None when qwen-tts-hf, librosa or einops is not installed)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    for dep in ("qwen_tts", "librosa", "einops"):
+    for dep in ("qwen_tts", "einops"):
         if importlib.util.find_spec(dep) is None:
             return None
+    if importlib.util.find_spec("librosa") is None:
+        if os.environ.get("OMNI_REFERENCE_MEL") != "omni":
+            return None
+        _librosa_mel_stand_in()
     from transformers.utils import import_utils
 
     import_utils.is_torchaudio_available()  # cached before the stand-ins exist: transformers sees no torchaudio
@@ -50,7 +55,28 @@ def load():
     import qwen_tts
 
     _cache_rename_compat()
+    from transformers import MimiModel
+
+    if isinstance(getattr(MimiModel, "upsample", None), property):  # transformers >= 5.24 split Mimi in halves
+        import qwen3_tts_reference_compat  # the 12 Hz tokenizer's glue for that split
+
+        qwen3_tts_reference_compat.patch()
     return qwen_tts
+
+
+def _librosa_mel_stand_in() -> None:
+    """Where librosa cannot be installed (the H200 image, a benchmark only: OMNI_REFERENCE_MEL=omni),
+    the reference's one use of it, `librosa.filters.mel`, comes from omni's Slaney filters (equal to
+    librosa's, tests/test_qwen3_tts_tokenizer.py)."""
+    from omni.layers.mel import mel_filters
+
+    librosa = _Absent("librosa")
+    librosa.__spec__ = importlib.machinery.ModuleSpec("librosa", None)
+    filters = types.ModuleType("librosa.filters")
+    filters.mel = lambda *, sr, n_fft, n_mels, fmin=0.0, fmax=None, **_: mel_filters(
+        n_mels, n_fft, sr, fmin, fmax).T.astype("float32")
+    librosa.filters = filters
+    sys.modules["librosa"], sys.modules["librosa.filters"] = librosa, filters
 
 
 def _cache_rename_compat() -> None:

@@ -274,3 +274,45 @@ def test_make_tiny_writes_the_same_bytes_for_a_seed(tmp_path):
     blob = lambda p: (p / "model.safetensors").read_bytes()  # noqa: E731
     assert blob(a) == blob(b) != blob(c)
     assert json.loads((a / "omni_tiny.json").read_text())["random_weights"] is True
+
+
+@pytest.fixture(scope="module", params=[(p, k) for p in PRESETS for k in ("custom_voice", "voice_design", "base")],
+                ids=lambda pk: f"{pk[0]}-{pk[1]}")
+def full(request, tmp_path_factory):
+    """A whole checkpoint (speech tokenizer included) loaded by the reference's own from_pretrained."""
+    from omni.models.qwen3_tts.checkpoint.make_tiny import make_tiny
+
+    preset, kind = request.param
+    path = make_tiny(tmp_path_factory.mktemp(f"full-{kind}-{preset}"), kind, preset, seed=1)
+    model = TTSTalkerModel.from_checkpoint(path)
+    return kind, path, REF.Qwen3TTSModel.from_pretrained(str(path)), Omni(path, model), cases_for(kind, model.cfg)
+
+
+def test_waveform_equals_the_reference(full):
+    """omni's talker codes through omni's 12 Hz decoder vs the reference's whole generate_* (its decoder,
+    its in-context cut of the reference frames), within 1e-4 of the waveform's peak."""
+    from omni.models.qwen3_tts.modules.speech_tokenizer_decoder import SpeechTokenizerDecoder
+
+    kind, path, ref, omni, cases = full
+    decoder = SpeechTokenizerDecoder.from_dir(path / "speech_tokenizer")
+    greedy = dict(do_sample=False, subtalker_dosample=False, max_new_tokens=MAX_TOKENS)
+    case = cases[0]
+    if kind == "custom_voice":
+        wavs, rate = ref.generate_custom_voice(case["input"], speaker=case["voice"], **greedy)
+    elif kind == "voice_design":
+        wavs, rate = ref.generate_voice_design(case["input"], instruct=case["instructions"], **greedy)
+    else:
+        item = REF.VoiceClonePromptItem(ref_code=case["ref_codes"], ref_spk_embedding=case["spk_embedding"],
+                                        x_vector_only_mode=False, icl_mode=True, ref_text=case["ref_text"])
+        wavs, rate = ref.generate_voice_clone(case["input"], voice_clone_prompt=[item], **greedy)
+    want = np.asarray(wavs[0], dtype=np.float32)
+    codes = torch.from_numpy(omni.run({"w": case})["w"])
+    context = case.get("ref_codes")
+    frames = codes if context is None else torch.cat((context, codes))
+    with torch.no_grad():
+        got = decoder(frames.T[None]).reshape(-1).numpy()
+    if context is not None:  # the reference's cut: the reference frames' share of the samples
+        got = got[int(len(context) / len(frames) * len(got)):]
+    peak = float(np.abs(want).max())
+    assert rate == 24000 and got.shape == want.shape and peak > 1e-3
+    assert float(np.abs(got - want).max()) <= 1e-4 * peak
