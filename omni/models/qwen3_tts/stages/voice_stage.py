@@ -12,7 +12,8 @@ Without a transcript the voice is x-vector only (no reference codes), as the ref
 
 Clips are computed one at a time: both encoders' results depend on a clip's exact length. Both
 run in float32 whatever the graph's dtype: codes are nearest-codebook picks, and a bf16 encoder
-picks other codes than the reference does (the work is once per voice, so the cost is small).
+picks other codes than the reference does (the work is once per voice, so the cost is small). On
+CUDA the stage's process also turns TF32 off, for the same reason.
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ class VoiceStage(Stage):
         from omni.models.qwen3_tts.modules.speech_tokenizer_encoder import SpeechTokenizerEncoder
 
         pin_torch_threads(self.ctx.args)
+        if str(self.ctx.device).startswith("cuda"):
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         model_dir = Path(self.ctx.args["model_dir"])
         self.speaker = SpeakerEncoder.from_checkpoint(model_dir, dtype=torch.float32, device=self.ctx.device)
         self.tokenizer = SpeechTokenizerEncoder.from_dir(model_dir / TOKENIZER_DIR, dtype=torch.float32,
