@@ -26,6 +26,7 @@ from omni.api.connections import read_body, within_body_timeout
 from omni.api.errors import ApiError, as_api_error, bad_request
 from omni.api.media import audio_part, b64decode_strict, decode_audio
 from omni.api.schemas import decode_body
+from omni.api.state import STATE
 from omni.api.voices import Prompt, VoiceStore, check_name, default_root, namespace
 
 ROUTE = "/v1/audio/voices"
@@ -119,8 +120,6 @@ async def _fields(request: web.Request, max_bytes: int) -> tuple[dict[str, str],
 
 
 async def create(request: web.Request) -> web.Response:
-    from omni.api.app import STATE
-
     state = request.app[STATE]
     store = _store(state)
     fields, raw = await _fields(request, state.config.limits.max_audio_bytes)
@@ -173,8 +172,6 @@ def _about_clip(err: ApiError) -> ApiError:
 
 
 async def list_voices(request: web.Request) -> web.Response:
-    from omni.api.app import STATE
-
     state = request.app[STATE]
     builtin = [{"id": v, "object": "audio.voice", "name": v, "type": "builtin"} for v in state.info.voices]
     uploaded = [v.public() for v in state.voices.list()] if state.voices is not None else []
@@ -183,8 +180,6 @@ async def list_voices(request: web.Request) -> web.Response:
 
 
 async def delete(request: web.Request) -> web.Response:
-    from omni.api.app import STATE
-
     state = request.app[STATE]
     key = request.match_info["voice_id"]
     voice = _store(state).delete(key)
