@@ -242,7 +242,7 @@ def server_config(args: argparse.Namespace):
                         limits=MediaLimits(max_audio_seconds=args.max_audio_seconds, image_hosts=args.image_host),
                         request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,
                         model_aliases=args.served_model_name[1:],
-                        voice_cache_bytes=int(args.voice_cache_mb * (1 << 20)),
+                        voice_dir=str(cache_dir() / "voices"), voice_cache_bytes=int(args.voice_cache_mb * (1 << 20)),
                         allowed_origins=allowed_origins(args.allowed_origins))
 
 

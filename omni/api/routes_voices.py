@@ -15,6 +15,7 @@ vLLM-Omni names them; omni fetches no URL for it.
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -27,7 +28,7 @@ from omni.api.errors import ApiError, as_api_error, bad_request
 from omni.api.media import audio_part, b64decode_strict, decode_audio
 from omni.api.schemas import decode_body
 from omni.api.state import STATE
-from omni.api.voices import Prompt, VoiceStore, check_name, default_root, namespace
+from omni.api.voices import Prompt, VoiceStore, check_name, namespace
 
 ROUTE = "/v1/audio/voices"
 DEFAULT_SPEAKER_RATE = 24000
@@ -41,7 +42,7 @@ def open_store(info, config) -> VoiceStore | None:
     """The voice store of a model that clones voices (None for any other model)."""
     if not clones_voices(info):
         return None
-    root = config.voice_dir if config.voice_dir else default_root()
+    root = config.voice_dir or tempfile.mkdtemp(prefix="omni-voices-")  # omnid passes <cache dir>/voices
     return VoiceStore(f"{root}/{namespace(info)}", config.voice_cache_bytes)
 
 

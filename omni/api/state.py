@@ -36,7 +36,8 @@ class ServerConfig:
     probe_timeout_s: float = 1.0
     model_aliases: list[str] = field(default_factory=list)  # extra names clients may use for the model
     allowed_origins: list[str] = field(default_factory=list)  # CORS: origins browsers may call from ("*": any)
-    voice_dir: str | None = None  # uploaded voices (models that clone voices); None: <cache dir>/voices
+    voice_dir: str | None = None  # uploaded voices (models that clone voices); omnid: <cache dir>/voices,
+    # None: a temporary directory (not kept)
     voice_cache_bytes: int = 256 << 20  # their total size on disk; past it the least recently used go
     voice_max_seconds: float = 60.0  # longest reference clip taken
 

@@ -91,12 +91,6 @@ def namespace(info) -> str:
     return f"{safe}-{digest.hexdigest()[:16]}"
 
 
-def default_root() -> Path:
-    from omni.api.cli import cache_dir
-
-    return cache_dir() / "voices"
-
-
 class VoiceStore:
     def __init__(self, root: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.root = Path(root)
