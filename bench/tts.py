@@ -196,6 +196,7 @@ def run_omni(kind: str, model_dir: Path, out: Path, args, deadline: float) -> li
     server = Omnid(model_dir, out, args)
     started = server.start(min(180.0, deadline - time.monotonic() - 20))
     if started is None:
+        server.stop()
         return [{"engine": "omni", "kind": kind, "phase": "start", "error": last_line(server.log_path)}]
     say(f"omni {kind}: healthy in {started:.1f}s")
     model, voice = model_dir.name, VOICE[kind]
@@ -215,7 +216,8 @@ def run_omni(kind: str, model_dir: Path, out: Path, args, deadline: float) -> li
         for c in args.levels:
             if time.monotonic() > deadline - 20:
                 say(f"omni {kind}: c={c} skipped (time)")
-                break
+                rows.append({"engine": "omni", "kind": kind, "phase": f"c={c}", "error": "skipped: out of time"})
+                continue
             n = max(2 * c, 4)
             level, wall = asyncio.run(closed_loop(server.url, model, voice, c, n, args.frames, deadline))
             rows.append(summary("omni", kind, "warm", c, level, wall))
@@ -256,7 +258,8 @@ def run_reference(kind: str, model_dir: Path, args, deadline: float) -> list[dic
     for c in args.reference_levels:
         if time.monotonic() > deadline - 30:
             say(f"reference {kind}: c={c} skipped (time)")
-            break
+            rows.append({"engine": "reference", "kind": kind, "phase": f"c={c}", "error": "skipped: out of time"})
+            continue
         texts = [TEXTS[i % len(TEXTS)] + f" ({i})" for i in range(c)]
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
