@@ -10,7 +10,8 @@ halves, which breaks three pieces of the reference's glue (none of its arithmeti
 - Published tokenizer checkpoints keep Mimi's flat layout (`encoder.encoder.layers.*`); 5.24
   renames it only for its own MimiModel, not for the reference's subclass: register the same renames.
 
-`patch()` is idempotent and touches only the reference's classes and registries.
+`patch()` is idempotent, a no-op on a transformers that did not split Mimi, and touches only the
+reference's classes and registries (`qwen3_tts_reference.load()` calls it).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ def patch() -> None:
         register_checkpoint_conversion_mapping,
     )
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    _DONE = True
+    if not isinstance(getattr(MimiModel, "upsample", None), property):  # an unsplit Mimi: nothing to mend
+        return
 
     import qwen_tts._transformers_compat as compat
     from qwen_tts.core.tokenizer_12hz import modeling_qwen3_tts_tokenizer_v2 as tokenizer
@@ -54,4 +59,3 @@ def patch() -> None:
     ROPE_INIT_FUNCTIONS["default"] = default_rope
     register_checkpoint_conversion_mapping("Qwen3TTSTokenizerV2Encoder",
                                            get_checkpoint_conversion_mapping("MimiModel"), overwrite=True)
-    _DONE = True

@@ -16,7 +16,6 @@ import pytest
 import requests
 
 import qwen3_tts_reference
-import qwen3_tts_reference_compat
 from omni.api.app import ServerConfig, build_app
 from omni.api.server import HttpServer
 from omni.api.voices import Prompt, VoiceStore
@@ -104,7 +103,6 @@ def _error(resp: requests.Response, status: int, *words: str) -> dict:
 def reference(ckpt):
     if REF is None:
         pytest.skip("the Qwen3-TTS reference (qwen-tts-hf, librosa, einops) is not installed")
-    qwen3_tts_reference_compat.patch()
     return REF.Qwen3TTSModel.from_pretrained(ckpt, local_files_only=True)
 
 

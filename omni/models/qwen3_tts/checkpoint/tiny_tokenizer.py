@@ -5,8 +5,9 @@ extractor) and model.safetensors with Mimi's flat encoder names (`encoder.encode
 (`decoder.*`). omni and the reference both load it.
 
 Presets: "tiny-a" and "tiny-b" vary every width, depth, head count, window and rate order omni
-must not hard-code; "full-1.7b" is the published 12Hz tokenizer's sizes and writes no weights
-(stages draw them at load, `init_decoder_` / `init_encoder_`).
+must not hard-code; "full-1.7b" is the published 12Hz tokenizer's sizes (about 0.7 GB of float32,
+so that the reference loads it too in the benchmark). A folder with the config but no weights
+still serves: omni's stages draw the weights at load (`init_decoder_` / `init_encoder_`).
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def init_encoder_(model: nn.Module, seed: int = 0) -> None:
 
 
 def write_tiny_tokenizer(out_dir: Path, *, num_quantizers: int, codebook_size: int, preset: str, seed: int) -> None:
-    """Write `out_dir` (the checkpoint's speech_tokenizer/ folder); "full-1.7b" writes configs only."""
+    """Write `out_dir` (the checkpoint's speech_tokenizer/ folder)."""
     from safetensors.torch import save_file
 
     from omni.models.qwen3_tts.modules.speech_tokenizer_decoder import SpeechTokenizerDecoder
@@ -148,8 +149,6 @@ def write_tiny_tokenizer(out_dir: Path, *, num_quantizers: int, codebook_size: i
     config = tokenizer_config(preset, num_quantizers, codebook_size)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     (out_dir / "preprocessor_config.json").write_text(json.dumps(FEATURE_EXTRACTOR, indent=2))
-    if preset.startswith("full"):
-        return
     cfg = parse_tokenizer_config(config)
     decoder = SpeechTokenizerDecoder(cfg.decoder)
     init_decoder_(decoder, seed)

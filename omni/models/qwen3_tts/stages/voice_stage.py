@@ -10,7 +10,9 @@ Without a transcript the voice is x-vector only (no reference codes), as the ref
 `x_vector_only_mode`. The prompt leaves on `voice` (to the talker) for speech, on `voice_prompt`
 (to the client) for a voice-creation request (task "voice").
 
-Clips are computed one at a time: both encoders' results depend on a clip's exact length.
+Clips are computed one at a time: both encoders' results depend on a clip's exact length. Both
+run in float32 whatever the graph's dtype: codes are nearest-codebook picks, and a bf16 encoder
+picks other codes than the reference does (the work is once per voice, so the cost is small).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def check_clip(pcm: np.ndarray, rate: int, max_seconds: float = MAX_REF_SECONDS)
 
 
 class VoiceStage(Stage):
-    """args: model_dir, dtype (optional), max_ref_seconds (default 60), seed (random tokenizer weights)."""
+    """args: model_dir, max_ref_seconds (default 60), seed (random tokenizer weights)."""
 
     in_port = "voice"
 
@@ -87,11 +89,9 @@ class VoiceStage(Stage):
         from omni.models.qwen3_tts.modules.speech_tokenizer_encoder import SpeechTokenizerEncoder
 
         pin_torch_threads(self.ctx.args)
-        dtype = self.ctx.args.get("dtype")
-        dtype = getattr(torch, dtype) if dtype else None
         model_dir = Path(self.ctx.args["model_dir"])
-        self.speaker = SpeakerEncoder.from_checkpoint(model_dir, dtype=dtype, device=self.ctx.device)
-        self.tokenizer = SpeechTokenizerEncoder.from_dir(model_dir / TOKENIZER_DIR, dtype=dtype,
+        self.speaker = SpeakerEncoder.from_checkpoint(model_dir, dtype=torch.float32, device=self.ctx.device)
+        self.tokenizer = SpeechTokenizerEncoder.from_dir(model_dir / TOKENIZER_DIR, dtype=torch.float32,
                                                          device=self.ctx.device,
                                                          seed=int(self.ctx.args.get("seed", 0)))
 
