@@ -339,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         share = (deadline - time.monotonic()) / (len(kinds) - i)
         kind_deadline = time.monotonic() + share
         t1 = time.monotonic()
-        model_dir = make_tiny(out / f"qwen3-tts-{kind}", kind, "tiny-a" if args.scaled else "full-1.7b", seed=0)
+        model_dir = make_tiny(out / f"qwen3-tts-{kind}", kind, "tiny-a" if args.scaled else "full-1.7b", seed=0,
+                              device=args.device)
         say(f"{kind}: checkpoint in {time.monotonic() - t1:.1f}s")
         omni_deadline = kind_deadline if args.no_reference else time.monotonic() + 0.55 * (kind_deadline - time.monotonic())
         rows += run_omni(kind, model_dir, out, args, omni_deadline)
