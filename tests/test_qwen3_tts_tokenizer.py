@@ -242,3 +242,28 @@ def test_a_config_only_tokenizer_draws_random_weights(tmp_path):
     np.testing.assert_array_equal(a.decode_frames(codes, [a.new_stream()]), b.decode_frames(codes, [b.new_stream()]))
     enc = SpeechTokenizerEncoder.from_dir(tmp_path, seed=2)
     assert enc.encode(_clip(0.5, 0)).shape == (7, 4)
+
+
+# ---- on the GPU (the lead's H200 run; skipped without CUDA) ----------------------------------
+
+@pytest.mark.gpu
+def test_tokenizer_on_cuda_equals_the_cpu(tok, exact_cuda):
+    """The codec stage's decoder in float32 and bfloat16, and the voice stage's encoder (float32,
+    no TF32), on the GPU against the CPU."""
+    _, path, dec, enc, _ = tok
+    codes = _codes(dec, 3, 15, seed=4)
+    cpu = dec.decode_frames(codes, [dec.new_stream() for _ in range(3)]).numpy()
+    for dtype in (torch.float32, torch.bfloat16):
+        cuda = SpeechTokenizerDecoder.from_dir(path, dtype=dtype, device="cuda")
+        streams = [cuda.new_stream() for _ in range(3)]
+        got = torch.cat([cuda.decode_frames(codes[:, i:i + 5].cuda(), streams) for i in (0, 5, 10)], 1)
+        assert got.dtype == torch.float32 and got.shape == (3, 15 * 1920)
+        got = got.cpu().numpy()
+        if dtype == torch.float32:
+            assert float(np.abs(got - cpu).max()) <= ATOL
+        else:  # bf16 rounds every layer: the same waveform, not the same samples
+            assert float(np.corrcoef(got.ravel(), cpu.ravel())[0, 1]) > 0.98
+    cuda_enc = SpeechTokenizerEncoder.from_dir(path, device="cuda")
+    for seconds in (1.3, 4.0):
+        pcm = _clip(seconds, seed=int(seconds * 10))
+        np.testing.assert_array_equal(cuda_enc.encode(pcm), enc.encode(pcm))

@@ -219,3 +219,35 @@ def test_a_model_that_does_not_clone_lists_its_voices_and_refuses_uploads(tmp_pa
         body = {"model": srv.info.id, "input": "x", "voice": srv.info.voices[0], "ref_audio": "AAAA"}
         _error(requests.post(srv.url + "/v1/audio/speech", json=body, timeout=30), 400, "does not clone")
     assert not list(tmp_path.iterdir())  # no store for it
+
+
+def test_the_voice_stage_computes_a_clip_once_and_passes_cached_prompts_on(ckpt):
+    from omni.api.media import audio_part
+    from omni.kernel.errors import InvalidRequest
+    from omni.kernel.stage import StageContext
+    from omni.models.qwen3_tts.stages.voice_stage import VoiceStage
+
+    stage = VoiceStage(StageContext("voice", args={"model_dir": ckpt}))
+    stage.setup()
+
+    def run(rid, params):
+        stage.open(rid, params)
+        stage.close_input(rid)
+        (emit,) = stage.step()
+        return emit
+
+    ref = {**audio_part(_clip(1.4, seed=9), RATE), "text": TRANSCRIPT}
+    first, again = run("a", {"task": "speech", "voice_ref": ref}), run("b", {"task": "speech", "voice_ref": ref})
+    assert first.port == "voice" and first.finish and stage.computed == 1  # the second came from the LRU
+    np.testing.assert_array_equal(again.data["ref_codes"], first.data["ref_codes"])
+    created = run("c", {"task": "voice", "voice_ref": {**ref, "text": None}})
+    assert created.port == "voice_prompt" and created.data["ref_codes"] is None and stage.computed == 2
+    cached = Prompt(first.data["spk_embedding"], first.data["ref_codes"], TRANSCRIPT).params()
+    passed = run("d", {"task": "speech", "voice_prompt": cached})
+    assert stage.computed == 2
+    np.testing.assert_array_equal(passed.data["spk_embedding"], first.data["spk_embedding"])
+    np.testing.assert_array_equal(passed.data["ref_codes"], first.data["ref_codes"])
+    bad = run("e", {"task": "speech", "voice_prompt": {**cached, "num_frames": 3}})
+    assert bad.error and "malformed" in bad.error and bad.error_kind == "invalid_request"
+    with pytest.raises(InvalidRequest, match="needs a voice"):
+        stage.open("f", {"task": "speech"})

@@ -23,6 +23,7 @@ from omni.api.prompt_bounds import check_prompt_chars
 from omni.api.routes_voices import speech_voice
 from omni.api.schemas import SpeechRequest, decode_body
 from omni.api.sse import SseStream
+from omni.api.state import STATE
 
 log = logging.getLogger("omni.api")
 SPEECH_ROUTE = "/v1/audio/speech"
@@ -42,8 +43,6 @@ class SpeedChanger:
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
-    from omni.api.app import STATE
-
     state = request.app[STATE]
     req = decode_body(await read_body(request), SpeechRequest)
     check_prompt_chars(state.info, len(req.input), "input")

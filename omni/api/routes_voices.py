@@ -23,9 +23,11 @@ import msgspec
 from aiohttp import web
 
 from omni.api.connections import read_body, within_body_timeout
-from omni.api.errors import ApiError, bad_request
+from omni.api.errors import ApiError, as_api_error, bad_request
 from omni.api.media import audio_part, b64decode_strict, decode_audio
-from omni.api.voices import Prompt, VoiceStore, default_root, namespace
+from omni.api.schemas import decode_body
+from omni.api.state import STATE
+from omni.api.voices import Prompt, VoiceStore, check_name, default_root, namespace
 
 ROUTE = "/v1/audio/voices"
 DEFAULT_SPEAKER_RATE = 24000
@@ -112,22 +114,16 @@ async def _fields(request: web.Request, max_bytes: int) -> tuple[dict[str, str],
     if request.content_type not in ("application/json", "application/octet-stream", ""):
         raise bad_request(f"send multipart/form-data (an audio_sample file, a name) or JSON, not {request.content_type!r}",
                           code="invalid_content_type")
-    from omni.api.schemas import decode_body
-
     body = decode_body(await read_body(request), _JsonVoice)
     fields = {"name": body.name, "ref_text": body.ref_text or "", "consent": body.consent or ""}
     return fields, b64decode_strict(body.audio_sample, "audio_sample")
 
 
 async def create(request: web.Request) -> web.Response:
-    from omni.api.app import STATE
-
     state = request.app[STATE]
     store = _store(state)
     fields, raw = await _fields(request, state.config.limits.max_audio_bytes)
     name = fields.get("name") or ""
-    from omni.api.voices import check_name
-
     check_name(name)
     if name.lower() in {v.lower() for v in state.info.voices}:
         raise ApiError(409, f"{name!r} is one of the model's own voices; pick another name", param="name",
@@ -159,8 +155,6 @@ async def _compute(state, ref: dict[str, Any]) -> Prompt:
     except ApiError as err:
         raise _about_clip(err) from None
     except Exception as exc:
-        from omni.api.errors import as_api_error
-
         raise _about_clip(as_api_error(exc)) from None
     finally:
         if not done:
@@ -178,8 +172,6 @@ def _about_clip(err: ApiError) -> ApiError:
 
 
 async def list_voices(request: web.Request) -> web.Response:
-    from omni.api.app import STATE
-
     state = request.app[STATE]
     builtin = [{"id": v, "object": "audio.voice", "name": v, "type": "builtin"} for v in state.info.voices]
     uploaded = [v.public() for v in state.voices.list()] if state.voices is not None else []
@@ -188,8 +180,6 @@ async def list_voices(request: web.Request) -> web.Response:
 
 
 async def delete(request: web.Request) -> web.Response:
-    from omni.api.app import STATE
-
     state = request.app[STATE]
     key = request.match_info["voice_id"]
     voice = _store(state).delete(key)

@@ -28,7 +28,7 @@ from omni.models.qwen3_omni.modules.code2wav_layers import (
 )
 from omni.models.qwen3_omni.modules.code2wav_transformer import PreTransformer, SlidingAttention
 from omni.models.qwen3_omni.config import Code2WavConfig, load_config
-from omni.models.weights import CheckpointError, load_into
+from omni.models.weights import CheckpointError, load_module
 
 PREFIX = "code2wav"
 
@@ -226,7 +226,4 @@ class Code2Wav(StreamingWaveDecoder):
         cfg = load_config(ckpt_dir).code2wav
         if cfg is None:
             raise CheckpointError(f"{ckpt_dir} has no audio output (no code2wav)")
-        with torch.device(device):
-            model = cls(cfg)
-        load_into(model, ckpt_dir, PREFIX, dtype=dtype, device=device)
-        return model.eval()
+        return load_module(lambda: cls(cfg), ckpt_dir, PREFIX, dtype, device)

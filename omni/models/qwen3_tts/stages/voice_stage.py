@@ -6,18 +6,22 @@ A request opens with its voice in its params, one of:
   (the speech tokenizer's encoder) are computed here, once;
 - `voice_prompt` {"spk_embedding", "ref_codes", "num_frames", "ref_text"} (bytes): a voice computed
   before (the API's voice store): passed on as arrays, nothing computed.
-Without a transcript the voice is x-vector only (no reference codes), as the reference's
+The same inline clip (and transcript) again is answered from a small LRU of prompts, so a client
+that sends its clip with every request pays for it once. Without a transcript the voice is x-vector only (no reference codes), as the reference's
 `x_vector_only_mode`. The prompt leaves on `voice` (to the talker) for speech, on `voice_prompt`
 (to the client) for a voice-creation request (task "voice").
 
 Clips are computed one at a time: both encoders' results depend on a clip's exact length. Both
 run in float32 whatever the graph's dtype: codes are nearest-codebook picks, and a bf16 encoder
-picks other codes than the reference does (the work is once per voice, so the cost is small).
+picks other codes than the reference does (the work is once per voice, so the cost is small). On
+CUDA the stage's process also turns TF32 off, for the same reason.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +74,8 @@ def check_clip(pcm: np.ndarray, rate: int, max_seconds: float = MAX_REF_SECONDS)
 
 
 class VoiceStage(Stage):
-    """args: model_dir, max_ref_seconds (default 60), seed (random tokenizer weights)."""
+    """args: model_dir, max_ref_seconds (default 60), seed (random tokenizer weights), recent_clips
+    (inline clips whose prompts are kept; default 64)."""
 
     in_port = "voice"
 
@@ -81,6 +86,8 @@ class VoiceStage(Stage):
         self.speaker = None
         self.tokenizer = None
         self.computed = 0
+        self.recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.max_recent = int(ctx.args.get("recent_clips", 64))
 
     def setup(self) -> None:
         import torch
@@ -89,6 +96,9 @@ class VoiceStage(Stage):
         from omni.models.qwen3_tts.modules.speech_tokenizer_encoder import SpeechTokenizerEncoder
 
         pin_torch_threads(self.ctx.args)
+        if str(self.ctx.device).startswith("cuda"):
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         model_dir = Path(self.ctx.args["model_dir"])
         self.speaker = SpeakerEncoder.from_checkpoint(model_dir, dtype=torch.float32, device=self.ctx.device)
         self.tokenizer = SpeechTokenizerEncoder.from_dir(model_dir / TOKENIZER_DIR, dtype=torch.float32,
@@ -141,11 +151,19 @@ class VoiceStage(Stage):
             raise InvalidRequest(f"voice_ref is malformed: {exc}") from None
         if rate != self.tokenizer.sample_rate:
             raise InvalidRequest(f"voice_ref audio must be {self.tokenizer.sample_rate} Hz, got {rate}")
-        check_clip(pcm, rate, self.max_seconds)
         text = ref.get("text") or None
+        key = hashlib.sha1(ref["pcm"] + b"\0" + (text or "").encode()).hexdigest()
+        if key in self.recent:
+            self.recent.move_to_end(key)
+            return self.recent[key]
+        check_clip(pcm, rate, self.max_seconds)
         self.computed += 1
-        return {"spk_embedding": self.speaker.embed(pcm),
-                "ref_codes": self.tokenizer.encode(pcm) if text else None, "ref_text": text}
+        prompt = {"spk_embedding": self.speaker.embed(pcm),
+                  "ref_codes": self.tokenizer.encode(pcm) if text else None, "ref_text": text}
+        self.recent[key] = prompt
+        while len(self.recent) > self.max_recent:
+            self.recent.popitem(last=False)
+        return prompt
 
     def stats(self) -> dict[str, Any]:
         return {"pending": len(self.jobs), "computed": self.computed}
