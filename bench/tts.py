@@ -17,7 +17,7 @@ one it never samples), but a random talker may still sample codec EOS, which the
 from that row: its rows count the audio it actually made.
 
 Run:  python bench/tts.py --out-dir R [--kinds custom_voice,base] [--concurrency 1,8,16,64]
-          [--frames 96] [--budget-s 480] [--reference-levels 1,8,16,64] [--no-reference] [--scaled]
+          [--frames 64] [--budget-s 480] [--reference-levels 1,8,16,64] [--no-reference] [--scaled]
 `--scaled`: a CPU dry run at tiny sizes (preset tiny-a, levels 1,2). Writes R/tts.json and R/tts.md.
 """
 
@@ -194,8 +194,9 @@ def wav_bytes(pcm) -> bytes:
 def run_omni(kind: str, model_dir: Path, out: Path, args, deadline: float) -> list[dict]:
     rows: list[dict] = []
     server = Omnid(model_dir, out, args)
-    started = server.start(min(240.0, deadline - time.monotonic() - 30))
+    started = server.start(min(180.0, deadline - time.monotonic() - 20))
     if started is None:
+        server.stop()
         return [{"engine": "omni", "kind": kind, "phase": "start", "error": last_line(server.log_path)}]
     say(f"omni {kind}: healthy in {started:.1f}s")
     model, voice = model_dir.name, VOICE[kind]
@@ -215,7 +216,8 @@ def run_omni(kind: str, model_dir: Path, out: Path, args, deadline: float) -> li
         for c in args.levels:
             if time.monotonic() > deadline - 20:
                 say(f"omni {kind}: c={c} skipped (time)")
-                break
+                rows.append({"engine": "omni", "kind": kind, "phase": f"c={c}", "error": "skipped: out of time"})
+                continue
             n = max(2 * c, 4)
             level, wall = asyncio.run(closed_loop(server.url, model, voice, c, n, args.frames, deadline))
             rows.append(summary("omni", kind, "warm", c, level, wall))
@@ -256,7 +258,8 @@ def run_reference(kind: str, model_dir: Path, args, deadline: float) -> list[dic
     for c in args.reference_levels:
         if time.monotonic() > deadline - 30:
             say(f"reference {kind}: c={c} skipped (time)")
-            break
+            rows.append({"engine": "reference", "kind": kind, "phase": f"c={c}", "error": "skipped: out of time"})
+            continue
         texts = [TEXTS[i % len(TEXTS)] + f" ({i})" for i in range(c)]
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -313,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="custom_voice,base")
     ap.add_argument("--concurrency", default=None, help="omnid levels (default 1,8,16,64; scaled 1,2)")
     ap.add_argument("--reference-levels", default=None, help="reference batch sizes (default: the omnid levels)")
-    ap.add_argument("--frames", type=int, default=None, help="audio frames per request (12.5 per second; default 96)")
+    ap.add_argument("--frames", type=int, default=None, help="audio frames per request (12.5 per second; default 64: 5.1 s)")
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--device", default=None)
     ap.add_argument("--no-reference", action="store_true")
@@ -325,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     args.device = args.device or ("cpu" if args.scaled else "cuda")
     args.levels = [int(x) for x in (args.concurrency or ("1,2" if args.scaled else "1,8,16,64")).split(",")]
     args.reference_levels = [int(x) for x in (args.reference_levels or ",".join(map(str, args.levels))).split(",")]
-    args.frames = args.frames or (8 if args.scaled else 96)
+    args.frames = args.frames or (8 if args.scaled else 64)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     from omni.models.qwen3_tts.checkpoint.make_tiny import make_tiny
@@ -336,9 +339,10 @@ def main(argv: list[str] | None = None) -> int:
         share = (deadline - time.monotonic()) / (len(kinds) - i)
         kind_deadline = time.monotonic() + share
         t1 = time.monotonic()
-        model_dir = make_tiny(out / f"qwen3-tts-{kind}", kind, "tiny-a" if args.scaled else "full-1.7b", seed=0)
+        model_dir = make_tiny(out / f"qwen3-tts-{kind}", kind, "tiny-a" if args.scaled else "full-1.7b", seed=0,
+                              device=args.device)
         say(f"{kind}: checkpoint in {time.monotonic() - t1:.1f}s")
-        omni_deadline = kind_deadline if args.no_reference else time.monotonic() + 0.6 * (kind_deadline - time.monotonic())
+        omni_deadline = kind_deadline if args.no_reference else time.monotonic() + 0.55 * (kind_deadline - time.monotonic())
         rows += run_omni(kind, model_dir, out, args, omni_deadline)
         if not args.no_reference:
             try:

@@ -316,3 +316,18 @@ def test_waveform_equals_the_reference(full):
     peak = float(np.abs(want).max())
     assert rate == 24000 and got.shape == want.shape and peak > 1e-3
     assert float(np.abs(got - want).max()) <= 1e-4 * peak
+
+
+@pytest.mark.parametrize("kind", ["custom_voice", "voice_design", "base"])
+def test_graph_per_kind(tmp_path, kind):
+    from omni.models.qwen3_tts.graph import build
+
+    graph, info = build(write_model(tmp_path, kind, "tiny-a", 0), first_chunk_frames=3)
+    names = [s.name for s in graph.stages]
+    assert names == (["preprocess", "voice", "talker", "codec"] if kind == "base" else ["preprocess", "talker", "codec"])
+    assert graph.stage("codec").args["first_chunk_frames"] == 3
+    talker = graph.stage("talker").args
+    assert talker["default_sampling"]["temperature"] == 0.9 and talker["default_sampling"]["max_tokens"] == 64
+    assert info.speaks and info.random_weights and info.extra["instructions"] == (kind != "base")
+    assert info.voices == (["vivian", "serena", "eric"] if kind == "custom_voice" else [])
+    assert info.extra["clones_voices"] == (kind == "base")

@@ -28,6 +28,4 @@ def register(registry) -> None:
         registry.register_stage(kind, target)
     registry.register_family("qwen3-tts", "omni.models.qwen3_tts.graph:build", ["Qwen3TTSForConditionalGeneration"],
                              tasks=["speech"])
-    register_tiny = getattr(registry, "register_tiny", None)  # `omnid make-tiny qwen3-tts DIR` (when the CLI has it)
-    if register_tiny is not None:
-        register_tiny("qwen3-tts", "omni.models.qwen3_tts.checkpoint.make_tiny:main")
+    registry.register_tiny("qwen3-tts", "omni.models.qwen3_tts.checkpoint.make_tiny:main")

@@ -96,8 +96,9 @@ def build_config(p: Preset, kind: str, ids: dict[str, int], text_vocab: int) -> 
     }
 
 
-def random_weights(cfg_dict: dict[str, Any], seed: int, std: float, dtype=None) -> dict[str, Any]:
-    """Every weight of the checkpoint, under the reference's names, drawn from omni's modules."""
+def random_weights(cfg_dict: dict[str, Any], seed: int, std: float, dtype=None, device: str = "cpu") -> dict[str, Any]:
+    """Every weight of the checkpoint, under the reference's names, drawn from omni's modules
+    (on `device`: a GPU draws the 1.7B sizes in seconds; the bytes then depend on the device)."""
     import torch
 
     from omni.models.qwen3_tts.modules.talker import TTSTalkerModel
@@ -109,31 +110,32 @@ def random_weights(cfg_dict: dict[str, Any], seed: int, std: float, dtype=None) 
             from omni.models.qwen3_tts.modules.speaker_encoder import SpeakerEncoder  # h16b's
 
             parts["speaker_encoder."] = SpeakerEncoder(cfg.speaker_encoder)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device).manual_seed(seed)
     out = {}
     for prefix, module in parts.items():
         for name, param in sorted(module.named_parameters()):
             if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                value = torch.ones(param.shape)
+                value = torch.ones(param.shape, device=device)
             else:
-                value = torch.randn(param.shape, generator=gen) * std
-            out[prefix + name] = value.to(dtype or torch.float32).contiguous()
+                value = torch.randn(param.shape, generator=gen, device=device) * std
+            out[prefix + name] = value.to(dtype or torch.float32).cpu().contiguous()
     return out
 
 
-def make_tiny(out_dir: str | Path, kind: str = "custom_voice", preset: str = "tiny-a", seed: int = 0) -> Path:
+def make_tiny(out_dir: str | Path, kind: str = "custom_voice", preset: str = "tiny-a", seed: int = 0,
+              device: str = "cpu") -> Path:
     """Write a random Qwen3-TTS checkpoint (`kind`: base / custom_voice / voice_design, or the
-    CLI's dashed names) with the sizes of `preset` to `out_dir`."""
+    CLI's dashed names) with the sizes of `preset` to `out_dir` (the talker's weights drawn on `device`)."""
     from omni.models.qwen3_tts.checkpoint.tiny_tokenizer import write_tiny_tokenizer  # h16b's
 
-    out = write_model(out_dir, kind, preset, seed)
+    out = write_model(out_dir, kind, preset, seed, device)
     p = get_preset(preset)
     write_tiny_tokenizer(out / "speech_tokenizer", num_quantizers=p.num_code_groups, codebook_size=p.codebook_size,
                          preset=preset, seed=seed)
     return out
 
 
-def write_model(out_dir: str | Path, kind: str, preset: str, seed: int) -> Path:
+def write_model(out_dir: str | Path, kind: str, preset: str, seed: int, device: str = "cpu") -> Path:
     """Everything but `speech_tokenizer/`: config, generation config, weights, text tokenizer, marker."""
     import torch
     from safetensors.torch import save_file
@@ -148,7 +150,7 @@ def write_model(out_dir: str | Path, kind: str, preset: str, seed: int) -> Path:
     dtype = torch.bfloat16 if full else torch.float32
     if full:
         cfg["dtype"] = "bfloat16"
-    weights = random_weights(cfg, seed, p.init_range, dtype)
+    weights = random_weights(cfg, seed, p.init_range, dtype, device)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     gen_cfg = {**GENERATION_CONFIG, **({} if full else {"max_new_tokens": 64})}
@@ -168,8 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", default="custom-voice", choices=["base", "custom-voice", "voice-design"])
     parser.add_argument("--preset", default="tiny-a", choices=sorted(PRESETS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="where the weights are drawn (cuda: fast at full size)")
     args = parser.parse_args(argv)
-    print(make_tiny(args.out_dir, kind=args.kind, preset=args.preset, seed=args.seed), file=sys.stderr)
+    print(make_tiny(args.out_dir, kind=args.kind, preset=args.preset, seed=args.seed, device=args.device),
+          file=sys.stderr)
     return 0
 
 

@@ -23,13 +23,16 @@ import torch
 from torch import nn
 
 from omni.kernel.errors import InvalidRequest
+from omni.layers.attention import QKVProjection
+from omni.layers.mlp import MLP, GatedMLP
+from omni.layers.norms import RMSNorm
+from omni.layers.rotary import rope_inv_freq
 from omni.models.qwen3_omni.modules.code_predictor import CodePredictor
 from omni.models.qwen3_omni.modules.rope import DEFAULT_MROPE_SECTION
 from omni.models.qwen3_omni.modules.talker import SUPPRESSED_SPAN, TalkerModel, TalkerRequest
-from omni.models.qwen3_omni.modules.talker_layers import QKVProjection, ResizeMLP, RMSNorm, SwiGLU, load_weights, rope_inv_freq
 from omni.models.qwen3_tts.config import Qwen3TTSConfig, load_config
 from omni.models.qwen3_tts.modules.prompt import PromptEmbedders, PromptSpec, build_prompt
-from omni.models.weights import load_state_dict
+from omni.models.weights import load_state_dict, load_weights
 from omni.stages.ar.sampler import SuppressTokens
 
 
@@ -46,7 +49,7 @@ class _Layer(nn.Module):
         super().__init__()
         bias = bool(c.raw.get("attention_bias", False))
         self.self_attn = QKVProjection(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps, bias)
-        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
+        self.mlp = GatedMLP(c.hidden_size, c.intermediate_size)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
@@ -77,7 +80,7 @@ class TTSTalkerModel(TalkerModel):
         self.num_code_groups = cfg.num_code_groups
         self.model = _Decoder(cfg)
         self.codec_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-        self.text_projection = ResizeMLP(cfg.text_hidden_size, cfg.text_hidden_size, c.hidden_size)
+        self.text_projection = MLP(cfg.text_hidden_size, cfg.text_hidden_size, c.hidden_size)
         self.code_predictor = CodePredictor(cfg.code_predictor, cfg.num_code_groups, embed_dim=c.hidden_size)
         self.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta)
         self.mrope_section = tuple(c.mrope_section) or DEFAULT_MROPE_SECTION

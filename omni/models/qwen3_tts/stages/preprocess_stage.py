@@ -58,8 +58,8 @@ class PreprocessStage(Stage):
             if not isinstance(voice, str) or voice.lower() not in cfg.speakers:
                 raise InvalidRequest(f"unknown voice {voice!r}; this model's voices are: {', '.join(cfg.voices)}")
             speaker = voice.lower()
-            if cfg.size == "0b6":
-                instruct = None  # the reference: the 0.6B CustomVoice takes no instruction
+            if cfg.size in "0b6":  # the reference's test, verbatim: the 0.6B CustomVoice (or no size) takes none
+                instruct = None
         elif cfg.kind == "base" and instruct is not None:
             raise InvalidRequest("instructions are not supported by a Base (voice cloning) checkpoint")
         language_id(cfg, language, speaker)  # an unknown language fails here

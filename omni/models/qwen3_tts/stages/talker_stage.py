@@ -24,6 +24,7 @@ import torch
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, StageContext
 from omni.models.qwen3_omni.stages.talker_stage import TalkerStage, _Stream
+from omni.models.loading import load_part
 from omni.models.qwen3_tts.modules.prompt import PromptSpec
 from omni.models.qwen3_tts.modules.talker import TTSTalkerModel
 from omni.models.qwen3_tts.request import load_tokenizer, ref_text, tokenize
@@ -41,11 +42,11 @@ class TTSTalkerStage(TalkerStage):
         self._inputs: dict[str, dict[str, Any]] = {}
 
     def build_model(self) -> TTSTalkerModel:
-        args = self.ctx.args
-        if args.get("model") is not None:
-            return args["model"]
-        dtype = getattr(torch, args.get("dtype") or "float32")
-        return TTSTalkerModel.from_checkpoint(args["model_dir"], dtype=dtype, device=self.ctx.device)
+        """`args["model"]` (a built TTSTalkerModel, in-process) or the checkpoint in `args["model_dir"]`."""
+        model = self.ctx.args.get("model")
+        if isinstance(model, TTSTalkerModel):
+            return model
+        return load_part(TTSTalkerModel, self.ctx.args, self.ctx.device, default_dtype="float32")
 
     def engine_ready(self) -> None:
         self.model = self.engine.model
