@@ -246,6 +246,58 @@ def test_talker_refuses_a_clone_without_its_transcript_or_embedding(tmp_path_fac
         assert errors and errors[0].error_kind == "invalid_request"
 
 
+class DeviceTensor(torch.Tensor):
+    """A tensor as a cuda_ipc edge delivers it (voice stage and talker both on a GPU): no host view
+    (numpy() / __array__ refuse, as a CUDA tensor's do); only an explicit copy to the CPU reads it."""
+
+    def numpy(self, *args, **kwargs):
+        raise TypeError("can't convert cuda:0 device type tensor to numpy")
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("can't convert cuda:0 device type tensor to numpy")
+
+    def cpu(self, *args, **kwargs):
+        return self.as_subclass(torch.Tensor).clone()
+
+    def to(self, *args, **kwargs):
+        return self.as_subclass(torch.Tensor).clone().to(*args, **kwargs)
+
+
+def test_talker_takes_its_voice_as_device_tensors_valid_during_feed_only(tmp_path_factory):
+    """The H200's first Base run failed here: the voice arrives as device tensors, and the channel
+    reuses their buffer once `feed` returns. Codes must equal those of host arrays, and the
+    reference codes the talker passes on to the codec must be host arrays."""
+    path = _checkpoint(tmp_path_factory, "tiny-a", "base")
+    omni = Omni(path, TTSTalkerModel.from_checkpoint(path))
+    case = cases_for("base", load_config(path))[0]
+    want = omni.run({"h": case})["h"]
+    params = params_of(case)
+    omni.pre.open("d", params)
+    omni.pre.close_input("d")
+    omni.talker.open("d", params)
+    prompt = next(e.data for e in omni.pre.step() if e.port == "prompt")
+    voice = {"spk_embedding": case["spk_embedding"].clone().as_subclass(DeviceTensor),
+             "ref_codes": case["ref_codes"].clone().as_subclass(DeviceTensor), "ref_text": case["ref_text"]}
+    omni.talker.feed("d", "voice", voice)
+    for key in ("spk_embedding", "ref_codes"):  # the channel's slot is reused before the prompt arrives
+        voice[key].as_subclass(torch.Tensor).zero_()
+    omni.talker.feed("d", "prompt", prompt)
+    omni.talker.close_input("d")
+    frames, ref = [], None
+    for _ in range(1000):
+        emits = omni.talker.step()
+        assert all(e.error is None for e in emits), [e.error for e in emits]
+        for e in emits:
+            if e.data and "ref_codes" in e.data:
+                ref = e.data["ref_codes"]
+            elif e.data:
+                frames.append(e.data["codes"])
+        if any(e.finish for e in emits):
+            break
+    assert isinstance(ref, np.ndarray) and np.array_equal(ref, case["ref_codes"].numpy())
+    assert np.array_equal(np.concatenate(frames), want)
+
+
 def _config(tmp_path: Path) -> dict:
     return json.loads((write_model(tmp_path, "custom_voice", "tiny-a", 0) / "config.json").read_text())
 

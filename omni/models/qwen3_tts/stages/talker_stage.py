@@ -75,8 +75,8 @@ class TTSTalkerStage(TalkerStage):
 
     def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
         pending = self._inputs.get(rid)
-        if pending is not None:
-            pending[port] = dict(data)
+        if pending is not None:  # the channel's arrays are valid during this call only: host copies
+            pending[port] = {k: _host(v) for k, v in data.items()}
 
     def close_input(self, rid: str) -> None:
         pending = self._inputs.pop(rid, None)
@@ -95,7 +95,7 @@ class TTSTalkerStage(TalkerStage):
         if "voice" in self.ctx.in_ports and voice.get("spk_embedding") is None:
             raise InvalidRequest("talker: a Base checkpoint speaks in a cloned voice: no speaker embedding arrived")
         ref_codes = voice.get("ref_codes")
-        ref_codes = None if ref_codes is None else torch.as_tensor(np.asarray(ref_codes), dtype=torch.long)
+        ref_codes = None if ref_codes is None else torch.from_numpy(np.asarray(ref_codes, dtype=np.int64))
         spec = PromptSpec(
             input_ids=[int(t) for t in prompt["input_ids"]],
             language=str(prompt.get("language") or "auto"),
@@ -148,9 +148,18 @@ class TTSTalkerStage(TalkerStage):
         return out
 
 
+def _host(value: Any) -> Any:
+    """A host (numpy) copy of an array or tensor on any device; other values as they are. A
+    cuda_ipc edge (voice stage and talker both on a GPU) delivers tensors on the device."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().to("cpu", copy=True)
+        return (value.float() if value.dtype == torch.bfloat16 else value).numpy()
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    return value
+
+
 def _tensor(value: Any) -> torch.Tensor | None:
     if value is None:
         return None
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone().float()
-    return torch.from_numpy(np.array(value, dtype=np.float32, copy=True))
+    return torch.from_numpy(np.array(_host(value), dtype=np.float32, copy=True))
