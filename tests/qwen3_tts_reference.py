@@ -55,12 +55,9 @@ def load():
     import qwen_tts
 
     _cache_rename_compat()
-    from transformers import MimiModel
+    import qwen3_tts_reference_compat  # the 12 Hz tokenizer's glue for transformers 5.17 .. 5.24
 
-    if isinstance(getattr(MimiModel, "upsample", None), property):  # transformers >= 5.24 split Mimi in halves
-        import qwen3_tts_reference_compat  # the 12 Hz tokenizer's glue for that split
-
-        qwen3_tts_reference_compat.patch()
+    qwen3_tts_reference_compat.patch()
     return qwen_tts
 
 

@@ -162,6 +162,27 @@ def test_codec_stage_batches_requests_into_what_each_gives_alone(tok):
         np.testing.assert_allclose(together[rid], alone[rid], atol=ATOL, rtol=0)
 
 
+def test_codec_stage_sends_one_frame_first_then_growing_chunks_of_the_same_audio(tok):
+    """The graph's default chunking (first chunk 1 frame, then as long as what was sent, up to 12):
+    chunk lengths 1, 1, 2, 4, 8, 12, ... frames, and the audio is the whole decode's."""
+    from omni.models.qwen3_tts.graph import CHUNK_FRAMES, FIRST_CHUNK_FRAMES
+
+    _, _, dec, _, _ = tok
+    codes = _codes(dec, 1, 40, seed=13)[0]
+    stage = CodecStage(StageContext("codec", args={"first_chunk_frames": FIRST_CHUNK_FRAMES,
+                                                   "chunk_frames": CHUNK_FRAMES, "grow_chunks": True}), codec=dec)
+    stage.open("g", {})
+    for i in range(len(codes)):
+        stage.feed("g", "codes", {"codes": codes[i:i + 1].numpy()})
+    stage.close_input("g")
+    chunks = []
+    while stage.has_work():
+        chunks += [e.data["pcm"] for e in stage.step() if e.data]
+    assert [len(c) // 1920 for c in chunks] == [1, 1, 2, 4, 8, 12, 12]
+    whole = dec.decode_frames(codes[None], [dec.new_stream()]).numpy()[0]
+    np.testing.assert_allclose(np.concatenate(chunks), whole, atol=ATOL, rtol=0)
+
+
 def test_codec_stage_refuses_reference_codes_after_codes(tok):
     _, _, dec, _, _ = tok
     stage = CodecStage(StageContext("codec"), codec=dec)

@@ -50,6 +50,24 @@ def _is_tensor(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
 
+def chunk_after(decoded: int, first: int, chunk: int, grow: bool) -> int:
+    """The next chunk's frames once `decoded` frames went out: `first`, then `chunk`; growing,
+    each chunk as long as the audio already sent (1, 1, 2, 4, 8, ... up to `chunk`), so a tiny
+    first chunk gives the first audio early and the client's buffer stays ahead of the next."""
+    if decoded == 0:
+        return first
+    return min(chunk, max(first, decoded)) if grow else chunk
+
+
+def chunk_schedule(frames: int, first: int, chunk: int, grow: bool) -> list[int]:
+    """The chunk sizes of a `frames`-long request (what a warm-up runs through)."""
+    sizes, done = [], 0
+    while done < frames:
+        sizes.append(min(frames - done, chunk_after(done, first, chunk, grow)))
+        done += sizes[-1]
+    return sizes
+
+
 def _join(blocks: list[Any], stack: bool) -> Any:
     """Concatenate (or stack) numpy blocks on the host, or tensors on their device."""
     if not any(_is_tensor(b) for b in blocks):
@@ -72,6 +90,7 @@ class VocoderRequest:
     stream: Any
     first_chunk: int
     chunk: int
+    grow: bool = False  # chunks after the first: as many frames as were sent so far, up to `chunk`
     pending: list[Any] = field(default_factory=list)  # [n, groups] blocks not yet decoded
     pending_frames: int = 0
     decoded_frames: int = 0
@@ -79,7 +98,7 @@ class VocoderRequest:
 
     def due(self) -> int:
         """Frames to decode now (0: wait for more)."""
-        need = self.first_chunk if self.decoded_frames == 0 else self.chunk
+        need = chunk_after(self.decoded_frames, self.first_chunk, self.chunk, self.grow)
         if self.pending_frames >= need:
             return need
         return self.pending_frames if self.closed else 0
@@ -92,10 +111,10 @@ class VocoderRequest:
 
 
 class VocoderStage(Stage):
-    """args: first_chunk_frames (default 4), chunk_frames (default 12), max_batch (requests per
-    forward; default 32 with the codec on a GPU, else 8). A request may override the chunk
-    sizes with params `vocoder_first_chunk_frames` / `vocoder_chunk_frames`. Subclasses
-    provide the model in `build_codec`."""
+    """args: first_chunk_frames (default 4), chunk_frames (default 12), grow_chunks (default
+    False: see `chunk_after`), max_batch (requests per forward; default 32 with the codec on a
+    GPU, else 8). A request may override the chunk sizes with params `vocoder_first_chunk_frames`
+    / `vocoder_chunk_frames`. Subclasses provide the model in `build_codec`."""
 
     in_port = "codes"
     out_port = "audio"
@@ -106,6 +125,7 @@ class VocoderStage(Stage):
         self.requests: dict[str, VocoderRequest] = {}
         self.first_chunk = _positive(ctx.args.get("first_chunk_frames", 4), "first_chunk_frames")
         self.chunk = _positive(ctx.args.get("chunk_frames", 12), "chunk_frames")
+        self.grow = bool(ctx.args.get("grow_chunks", False))
         batch = ctx.args.get("max_batch")
         self._max_batch = None if batch is None else _positive(batch, "max_batch")
         self.decoded_frames = 0
@@ -132,7 +152,7 @@ class VocoderStage(Stage):
     def open(self, rid: str, params: dict[str, Any]) -> None:
         first = _positive(params.get("vocoder_first_chunk_frames", self.first_chunk), "vocoder_first_chunk_frames")
         chunk = _positive(params.get("vocoder_chunk_frames", self.chunk), "vocoder_chunk_frames")
-        self.requests[rid] = VocoderRequest(self.codec.new_stream(), first, chunk)
+        self.requests[rid] = VocoderRequest(self.codec.new_stream(), first, chunk, self.grow)
 
     def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
         req = self.requests[rid]

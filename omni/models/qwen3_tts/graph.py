@@ -9,8 +9,8 @@ or an inline clip into the speaker embedding and reference codes, cached; `codec
 12 Hz speech tokenizer's decoder, streaming audio as frames arrive.
 
 Options (all optional): `device`, `dtype`, `model_id`, `threads`, `first_chunk_frames` /
-`chunk_frames` (the codec's first and later chunk sizes: the first one sets the time to first
-audio), `stage_args` ({stage: {arg: value}}, merged last). Sampling defaults come from the
+`chunk_frames` / `grow_chunks` (the codec's first and later chunk sizes, default 1 and 12,
+growing in between: the first one sets the time to first audio), `stage_args` ({stage: {arg: value}}, merged last). Sampling defaults come from the
 checkpoint's generation_config.json (as the reference's `generate_*` read it). A checkpoint
 written by `make_tiny` (it leaves `omni_tiny.json`) is flagged as random weights and gets a short
 default length: a random talker may never find its codec EOS.
@@ -40,6 +40,10 @@ KINDS = {
 CAPABILITIES = {"voice": "voice_clone", "talker": "speech", "codec": "speech"}
 TINY_MAX_TOKENS = 64
 DEFAULT_MAX_TOKENS = 8192  # the published generation_config's max_new_tokens
+# The 12 Hz decoder has no lookahead (T frames are exactly T * 1920 final samples), so the first
+# audio can leave after one frame (83 ms of audio); later chunks grow 1, 2, 4, 8 up to 12 frames
+# (each as long as the audio already sent), where batching and per-forward cost pay off.
+FIRST_CHUNK_FRAMES, CHUNK_FRAMES = 1, 12
 
 
 def talker_sampling(model_dir: str | Path, tiny: bool) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -97,8 +101,9 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     stages = [
         stage("preprocess", {}),
         stage("talker", {"default_sampling": sampling, **predictor}),
-        stage("codec", {"first_chunk_frames": options.get("first_chunk_frames", 4),
-                        "chunk_frames": options.get("chunk_frames", 12)}),
+        stage("codec", {"first_chunk_frames": options.get("first_chunk_frames", FIRST_CHUNK_FRAMES),
+                        "chunk_frames": options.get("chunk_frames", CHUNK_FRAMES),
+                        "grow_chunks": bool(options.get("grow_chunks", True))}),
     ]
     edges = [
         EdgeSpec("preprocess", "prompt", "talker", "prompt"),

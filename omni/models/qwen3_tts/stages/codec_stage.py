@@ -21,10 +21,12 @@ from typing import Any
 import numpy as np
 
 from omni.kernel.errors import InvalidRequest
-from omni.stages.vocoder import VocoderStage
+from omni.stages.vocoder import VocoderStage, chunk_schedule
 
 log = logging.getLogger("omni.qwen3_tts.codec")
 TOKENIZER_DIR = "speech_tokenizer"
+WARM_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # batch sizes a chunk shape is warmed at
+WARM_FRAMES = 96  # frames per warm-up stream: past the decoder's left-context lengths
 
 
 class CodecStage(VocoderStage):
@@ -52,12 +54,21 @@ class CodecStage(VocoderStage):
         super().setup()
         if self.on_gpu:  # the kernels' first use is paid here, not by a request
             t0 = time.monotonic()
-            for b in (1, 4, 16):
-                streams = [self.codec.new_stream() for _ in range(b)]
-                for frames in (self.first_chunk, self.chunk):
-                    codes = np.zeros((b, frames, self.codec.num_groups), dtype=np.int64)
-                    self.codec.decode_frames(codes, streams).cpu()
-            log.info("codec: warm-up in %.1f s", time.monotonic() - t0)
+            n = self.warm_up()
+            log.info("codec: %d warm-up chunks in %.1f s", n, time.monotonic() - t0)
+
+    def warm_up(self) -> int:
+        """Fresh streams at each batch size up to max_batch through a request's chunk schedule
+        (first chunk, the growing ones, then full chunks while the left context fills): every
+        chunk shape a request meets, batched or alone, runs once before the first request."""
+        sizes = sorted({min(b, self.max_batch) for b in WARM_BATCHES})
+        schedule = chunk_schedule(WARM_FRAMES, self.first_chunk, self.chunk, self.grow)
+        for b in sizes:
+            streams = [self.codec.new_stream() for _ in range(b)]
+            for frames in schedule:
+                codes = np.zeros((b, frames, self.codec.num_groups), dtype=np.int64)
+                self.codec.decode_frames(codes, streams).cpu()
+        return len(sizes) * len(schedule)
 
     def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
         if "ref_codes" not in data:
