@@ -298,6 +298,26 @@ def test_talker_takes_its_voice_as_device_tensors_valid_during_feed_only(tmp_pat
     assert np.array_equal(np.concatenate(frames), want)
 
 
+@pytest.mark.parametrize("kind", ["custom_voice", "base"])
+def test_warm_up_runs_a_prefill_of_each_warm_length(tmp_path_factory, kind):
+    """A streamed text's prefill has the same few rows whatever its length, so the warm-up varies
+    what enters the prefill (instruction rows; a Base voice's reference frames)."""
+    path = _checkpoint(tmp_path_factory, "tiny-a", kind)
+    talker = Omni(path, TTSTalkerModel.from_checkpoint(path)).talker
+    lengths = talker.warm_lengths()
+    prefills = []
+    for i, (params, chunks) in enumerate(talker.warm_requests()):
+        talker.open(f"w{i}", params)
+        for port, data in chunks:
+            talker.feed(f"w{i}", port, data)
+        talker.close_input(f"w{i}")
+        prefills.append(talker._streams[f"w{i}"].request.prefill_len)
+        talker.abort(f"w{i}")
+    wanted = [n for n in lengths if n >= min(prefills)]  # shorter ones cannot be built
+    assert len(wanted) >= 5 and all(any(n - 4 <= p <= n for p in prefills) for n in wanted), (prefills, lengths)
+    assert talker.warm_up(force=True) == len(prefills)
+
+
 def _config(tmp_path: Path) -> dict:
     return json.loads((write_model(tmp_path, "custom_voice", "tiny-a", 0) / "config.json").read_text())
 

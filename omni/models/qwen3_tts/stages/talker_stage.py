@@ -57,6 +57,8 @@ class TTSTalkerStage(TalkerStage):
         cfg = self.engine.config
         if cfg.cuda_graphs:
             self.model.use_predictor_graphs(cfg.cuda_graph_max_batch or cfg.max_num_seqs)
+        if "voice" in self.ctx.in_ports:  # an in-context clone tokenizes its transcript: load it now, not then
+            load_tokenizer(str(self.ctx.args["model_dir"]))
 
     def sampling_params(self, params: dict[str, Any]) -> SamplingParams:
         sampling = super().sampling_params(params)
@@ -131,18 +133,25 @@ class TTSTalkerStage(TalkerStage):
         return super().backlog() + len(self._inputs)
 
     def warm_requests(self) -> list:
-        """A prompt of each prefill bucket's length through the serving path, 3 frames each."""
+        """Requests whose prefills have each warm length, through the serving path, 3 frames each.
+        A streamed text's prefill is ~9 rows whatever its length (the text trails), so lengths
+        come from what does enter the prefill: the instruction (CustomVoice / VoiceDesign) or, for
+        a Base checkpoint, an in-context voice's reference frames and transcript (its path: the
+        transcript's tokenizer, the frame sums, the codec's reference-codes start)."""
         cfg = self.model.cfg
-        ids = [cfg.text.im_start, cfg.text.tts_pad, cfg.text.tts_pad]
-        tail = [cfg.text.im_end, cfg.text.tts_pad, cfg.text.im_start, cfg.text.tts_pad, cfg.text.tts_pad]
+        pad = cfg.text.tts_pad
+        ids = [cfg.text.im_start, pad, pad, pad, cfg.text.im_end, pad, cfg.text.im_start, pad, pad]
+        base = "voice" in self.ctx.in_ports
         out = []
-        for n in self.warm_lengths():
-            text = [cfg.text.tts_pad] * max(1, n - 10)
-            prompt = {"input_ids": ids + text + tail, "language": "auto",
-                      "speaker": next(iter(cfg.speakers), None)}
+        for extra in sorted({max(1, n - 12) for n in self.warm_lengths()}):  # prefills of ~ extra + 9 rows
+            prompt = {"input_ids": ids, "language": "auto", "speaker": next(iter(cfg.speakers), None)}
             chunks = [("prompt", prompt)]
-            if "voice" in self.ctx.in_ports:
-                chunks.append(("voice", {"spk_embedding": torch.zeros(cfg.talker.hidden_size)}))
+            if base:
+                codes = np.zeros((extra, cfg.num_code_groups), dtype=np.int64)
+                chunks.append(("voice", {"spk_embedding": np.zeros(cfg.talker.hidden_size, np.float32),
+                                         "ref_codes": codes, "ref_text": "warm"}))
+            else:
+                prompt["instruct_ids"] = [pad] * extra
             params = {"sampling": {self.sampling_key: {"max_tokens": 3, "ignore_eos": True}}}
             out.append((params, chunks))
         return out
