@@ -31,7 +31,7 @@ from omni.api.schemas import (
 )
 
 if TYPE_CHECKING:
-    from omni.api.app import ServedModel, ServerState
+    from omni.api.state import ServedModel, ServerState
 
 
 def check_model(state: ServerState, name: str, param: str = "model", main_only: bool = True) -> None:

@@ -28,7 +28,7 @@ from omni.api.realtime.transcripts import Transcripts
 from omni.api.realtime.vad import VAD_RATE, WINDOW, SpeechDetector
 
 if TYPE_CHECKING:
-    from omni.api.app import ServerState
+    from omni.api.state import ServerState
 
 log = logging.getLogger("omni.api")
 _VAD_POOL = ThreadPoolExecutor(2, thread_name_prefix="omni-vad")

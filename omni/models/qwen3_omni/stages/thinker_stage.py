@@ -20,13 +20,13 @@ that want audio (`request.wants_audio`); the request's End carries {"finish_reas
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
-
-import torch
 
 from omni.kernel.stage import Emit, StageContext
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.request import wants_audio
+from omni.models.loading import load_format, load_part
 from omni.models.qwen3_omni.checkpoint.random_load import random_part
 from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
 from omni.stages.ar.config import EngineConfig
@@ -56,9 +56,8 @@ class ThinkerStage(ARStage):
         if args.get("sglang_model_path") or not args.get("model_dir"):
             return super().sglang_model_path()
         from omni.models.qwen3_omni.checkpoint.export_text import cached_export
-        from omni.models.qwen3_omni.checkpoint.random_load import is_random
-
-        return str(cached_export(args["model_dir"], weights=not is_random(args), root=args.get("sglang_export_dir")))
+        return str(cached_export(args["model_dir"], weights=load_format(args) != "random",
+                                 root=args.get("sglang_export_dir")))
 
     def build_model(self) -> Qwen3OmniThinker:
         args = self.ctx.args
@@ -66,11 +65,8 @@ class ThinkerStage(ARStage):
             return args["model"]
         if not args.get("model_dir"):
             return super().build_model()
-        model = random_part("thinker", args, self.ctx.device)  # load_format="random"
-        if model is not None:
-            return model
-        dtype = getattr(torch, args.get("dtype") or "float32")
-        return Qwen3OmniThinker.from_checkpoint(args["model_dir"], device=self.ctx.device, dtype=dtype)
+        return load_part(Qwen3OmniThinker, args, self.ctx.device, random=partial(random_part, "thinker"),
+                         default_dtype="float32")
 
     def engine_config(self) -> EngineConfig:
         args = dict(self.ctx.args)
