@@ -87,6 +87,14 @@ def test_no_generic_module_names_a_family():
     assert not offenders, "generic code names a family:\n" + "\n".join(offenders)
 
 
+def test_the_playground_names_no_family():
+    for path in sorted((ROOT / "omni/api/static").glob("*.js")):
+        text = path.read_text()
+        for name in OPENAI_NAMES:
+            text = text.replace(f'"{name}"', '""')
+        assert not FAMILY_WORD.search(text), f"{path.relative_to(ROOT)} names a family"
+
+
 def test_omni_families_register_without_torch():
     """Discovery imports each family's __init__ only: the registry loads with torch and numpy absent."""
     code = ("import json, sys; sys.modules['torch'] = None; sys.modules['numpy'] = None\n"
