@@ -105,8 +105,8 @@ def test_omni_families_register_without_torch():
     assert out.returncode == 0, out.stderr
     families, tiny, commands, errors, defaults, kinds = json.loads(out.stdout)
     assert errors == {}
-    assert {"demo", "qwen3-omni", "whisper"} <= set(families)
-    assert "qwen3-omni" in tiny and "convert-whisper" in commands
+    assert {"demo", "qwen3-omni", "qwen3-tts", "whisper"} <= set(families)
+    assert {"qwen3-omni", "qwen3-tts"} <= set(tiny) and "convert-whisper" in commands
     assert [d for d in defaults if not d[1]] == [["qwen3-omni", False]] and ["whisper", True] in defaults
     assert {"demo.encoder", "demo.generator", "demo.vocoder"} <= set(kinds)
 
