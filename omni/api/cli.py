@@ -26,7 +26,6 @@ from pathlib import Path
 log = logging.getLogger("omnid")
 
 
-
 def cache_dir() -> Path:
     """Where omnid keeps what it makes: $OMNI_CACHE_DIR, else $XDG_CACHE_HOME/omni, else ~/.cache/omni."""
     if os.environ.get("OMNI_CACHE_DIR"):

@@ -2,8 +2,9 @@
 
 Everything else in omni reaches SGLang through `require(feature)`, which returns the `sglang`
 module or raises `BackendUnavailable` saying what is missing, which version was found and how to
-install the tested one. (The sole exception is `omni.api.sglang_backend`, the entry point that
-*SGLang* imports to run omni as a serve backend: it only runs inside an SGLang that imported.)
+install the tested one, and through the helpers below. (`serve_backends()` is imported as is:
+`omni.api.sglang_backend`, the entry point that *SGLang* imports to run omni as a serve backend,
+only runs inside an SGLang that imported.)
 
 Version: omni is tested with sglang `TESTED_VERSION` (0.5.17, the release that pins the H200
 image's torch 2.11; the `sglang` extra in pyproject.toml pins it). Another version imports with a
@@ -166,3 +167,9 @@ def abort_request(engine, rid: str) -> None:
     """Stop request `rid` of an `sglang.Engine` (its scheduler frees the KV when the abort reaches
     it); called on the engine's event loop."""
     engine.tokenizer_manager.abort_request(rid)
+
+
+def serve_backends() -> ModuleType:
+    """`sglang.cli.serve_backends`, SGLang's serve-backend plugin API (`ServeBackend`,
+    `ServeBackendDetection`), for omni's backend that SGLang itself calls."""
+    return importlib.import_module("sglang.cli.serve_backends")
