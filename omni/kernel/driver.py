@@ -14,7 +14,7 @@ import time
 import traceback
 from typing import Any
 
-from omni.kernel.graph import Graph, StageSpec
+from omni.kernel.graph import Graph, StageSpec, stage_args
 from omni.kernel.registry import REGISTRY
 from omni.kernel.stage import Emit, Stage, StageContext
 
@@ -54,7 +54,7 @@ class StageDriver:
         ctx = StageContext(
             name=self.spec.name,
             replica=self.replica,
-            args={**self.spec.args, "max_batch": self.spec.max_batch},
+            args=stage_args(self.spec),
             device=self.spec.device,
             run_dir=self.run_dir,
             in_ports=[e.dst_port for e in self.graph.incoming(self.spec.name)],

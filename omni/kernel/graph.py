@@ -3,15 +3,20 @@
 A graph is built in Python by a model family; any stage field can then be overridden from a
 TOML / YAML file (`[stages.<name>] field = value`) or from `--set stage.field=value` flags,
 with typed values (numbers stay numbers) and a clear error naming an unknown stage or field.
+A stage kind that declares an args class (`register_stage(..., args=)`) has its args checked
+whenever the graph is validated: an unknown field or a mistyped value is an error then.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from omni.kernel.errors import GraphError
 
@@ -27,7 +32,7 @@ class StageSpec:
     args: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"
     replicas: int = 1
-    max_batch: int = 32  # the stage's own batching bound, passed in its context args
+    max_batch: int | None = None  # the stage's batching bound; None = its kind's default (see stage_args)
     max_queue: int = 256  # inputs the actor hands the stage before it stops feeding it
     credits: int = 64  # chunks in flight on each inbound edge
     arena_bytes: int = 64 << 20  # shm arena for this stage's outgoing payloads
@@ -103,6 +108,7 @@ class Graph:
                 raise GraphError(f"stage {spec.name!r}: replicas must be >= 1")
             if spec.name != self.entry and not self.incoming(spec.name):
                 raise GraphError(f"stage {spec.name!r} has no inbound edge and is not the entry")
+            stage_args(spec)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -118,9 +124,56 @@ class Graph:
         )
 
 
+# ---- typed stage args ------------------------------------------------------------------
+
+
+def coerce_args(cls: type, args: Any, stage: str) -> Any:
+    """`args` (a dict, or already a `cls`) as a `cls` dataclass; an unknown field or a mistyped
+    value is a GraphError naming the stage and the field."""
+    if isinstance(args, cls):
+        return args
+    if not isinstance(args, dict):
+        raise GraphError(f"stage {stage!r}: args must be a table, got {type(args).__name__}")
+    known = sorted(f.name for f in dataclasses.fields(cls))
+    for key in args:
+        if key not in known:
+            raise GraphError(f"stage {stage!r}: unknown args field {key!r}; {cls.__name__} takes {known}")
+    try:
+        return msgspec.convert(args, cls)
+    except msgspec.ValidationError as exc:  # "Expected `int`, got `str` - at `$.block_size`"
+        message, _, at = str(exc).partition(" - at `$.")
+        raise GraphError(f"stage {stage!r}: args{'.' + at.rstrip('`') if at else ''}: {message}") from None
+
+
+def stage_args(spec: StageSpec) -> Any:
+    """What a stage of `spec` gets as `ctx.args`: its kind's args class filled from `spec.args`
+    plus the stage-level fields the class takes (`STAGE_FIELDS`, default max_batch -> max_batch;
+    an unset one leaves the kind's default), or, for a kind that declares none, the dict."""
+    from omni.kernel.registry import REGISTRY
+
+    data = dict(spec.args)
+    if "max_batch" in data:
+        raise GraphError(f"stage {spec.name!r}: max_batch is a stage field: set {spec.name}.max_batch, not args")
+    cls = REGISTRY.stage_args_class(spec.kind)
+    if cls is None:
+        return data if spec.max_batch is None else {**data, "max_batch": spec.max_batch}
+    for name, arg in getattr(cls, "STAGE_FIELDS", {"max_batch": "max_batch"}).items():
+        value = getattr(spec, name)
+        if value is None:
+            continue
+        if arg not in {f.name for f in dataclasses.fields(cls)}:
+            raise GraphError(f"stage {spec.name!r}: its kind ({cls.__name__}) takes no {name}")
+        if arg in data and data[arg] != value:
+            raise GraphError(f"stage {spec.name!r}: {name}={value} and args.{arg}={data[arg]!r} are one setting; "
+                             f"set only {spec.name}.{name}")
+        data[arg] = value
+    return coerce_args(cls, data, spec.name)
+
+
 # ---- overrides -------------------------------------------------------------------------
 
 _STAGE_FIELDS = {f.name: f for f in dataclasses.fields(StageSpec)}
+_FIELD_TYPES = typing.get_type_hints(StageSpec)
 
 
 def parse_value(text: str) -> Any:
@@ -151,12 +204,10 @@ def _set_field(graph: Graph, stage_name: str, path: list[str], value: Any) -> No
     if head not in _STAGE_FIELDS or head == "name" or len(path) != 1:
         known = sorted(set(_STAGE_FIELDS) - {"name"})
         raise GraphError(f"unknown field {'.'.join(path)!r} of stage {stage_name!r}; fields: {known} or args.<key>")
-    expected = type(getattr(spec, head))
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        raise GraphError(f"{stage_name}.{head} must be {expected.__name__}, got {value!r}")
-    setattr(spec, head, value)
+    try:
+        setattr(spec, head, msgspec.convert(value, _FIELD_TYPES[head]))
+    except msgspec.ValidationError as exc:
+        raise GraphError(f"{stage_name}.{head}: {exc}, got {value!r}") from None
 
 
 def apply_overrides(graph: Graph, overrides: dict[str, dict[str, Any]]) -> Graph:
@@ -182,8 +233,8 @@ def parse_set_flags(flags: list[str]) -> dict[str, dict[str, Any]]:
     return table
 
 
-def load_override_file(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Read `[stages.<name>]` tables from a TOML or YAML file."""
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A TOML or YAML config file (by suffix) as a table: omnid's one reader of them."""
     path = Path(path)
     text = path.read_text()
     if path.suffix in (".yaml", ".yml"):
@@ -194,7 +245,14 @@ def load_override_file(path: str | Path) -> dict[str, dict[str, Any]]:
         import tomllib
 
         data = tomllib.loads(text)
-    stages = data.get("stages", {})
+    if not isinstance(data, dict):
+        raise GraphError(f"{path}: expected a table at the top level")
+    return data
+
+
+def load_override_file(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read `[stages.<name>]` tables from a TOML or YAML file."""
+    stages = read_config_file(path).get("stages", {})
     if not isinstance(stages, dict):
         raise GraphError(f"{path}: 'stages' must be a table of stage tables")
     return stages

@@ -73,14 +73,19 @@ def resolve(target: str) -> Any:
 class Registry:
     def __init__(self) -> None:
         self.stage_kinds: dict[str, str] = {}
+        self.stage_args: dict[str, str] = {}  # kind -> "module:ArgsClass" (torch-free); absent: free-form args
         self.families: dict[str, FamilyEntry] = {}
         self.plugins: list[PluginReport] = []
         self._current_provider = "omni"
         self._provided: list[str] = []  # what the plugin being loaded registered
         self.plugins_loaded = False
 
-    def register_stage(self, kind: str, target: str) -> None:
+    def register_stage(self, kind: str, target: str, args: str | None = None) -> None:
+        """`args`: the kind's typed arguments, a dataclass in a torch-free module (see
+        omni/stages/args.py); without it the kind takes free-form dict args, unchecked."""
         self.stage_kinds[kind] = target
+        if args:
+            self.stage_args[kind] = args
         self._provided.append(f"stage:{kind}")
 
     def register_family(self, name: str, target: str, architectures: list[str] | tuple[str, ...] = (), *,
@@ -99,6 +104,15 @@ class Registry:
             raise ValueError(f"unknown stage kind {kind!r}; registered: {sorted(self.stage_kinds)}")
         return resolve(target)
 
+    def stage_args_class(self, kind: str) -> type | None:
+        """The args class of a kind (a registered name, or the `module:Class` it is registered as),
+        or None for a kind that takes free-form args."""
+        if kind not in self.stage_kinds and ":" not in kind and not self.plugins_loaded:
+            self.load_plugins()
+        names = [kind] + [name for name, target in self.stage_kinds.items() if target == kind]
+        target = next((self.stage_args[n] for n in names if n in self.stage_args), None)
+        return resolve(target) if target else None
+
     def family_for(self, architectures: list[str] | None = None, name: str | None = None) -> FamilyEntry:
         if name:
             if name in self.families:
@@ -116,12 +130,12 @@ class Registry:
         self.plugins_loaded = True
         for ep in metadata.entry_points(group=group):
             self._current_provider, self._provided = ep.name, []
-            stages, families = dict(self.stage_kinds), dict(self.families)
+            stages, args, families = dict(self.stage_kinds), dict(self.stage_args), dict(self.families)
             try:
                 ep.load()(self)
             except Exception as exc:  # a plugin's bug must not stop the others
                 log.warning("plugin %s failed to load: %s: %s", ep.name, type(exc).__name__, exc)
-                self.stage_kinds, self.families = stages, families  # nothing of it stays half-registered
+                self.stage_kinds, self.stage_args, self.families = stages, args, families  # nothing of it stays half-registered
                 self.plugins.append(PluginReport(ep.name, False, error=f"{type(exc).__name__}: {exc}"))
                 continue
             finally:
@@ -143,3 +157,5 @@ for _kind, _target in {
 REGISTRY.register_family("demo", "omni.stages.demo:build_demo", ["OmniDemo"])
 REGISTRY.register_family("qwen3-omni", "omni.models.qwen3_omni.graph:build", ["Qwen3OmniMoeForConditionalGeneration"])
 REGISTRY.register_family("whisper", "omni.models.whisper.graph:build", ["WhisperForConditionalGeneration"], tasks=["transcribe"])
+for _family in ("qwen3_omni", "whisper"):  # until the families register themselves (h15f): their stage kinds
+    importlib.import_module(f"omni.models.{_family}.stages").register_stages(REGISTRY)

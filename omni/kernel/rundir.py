@@ -7,11 +7,11 @@ prefix match, and two kernels on one host never collide.
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
-import tempfile
 from pathlib import Path
+
+from omni import env
 
 SHM_DIR = Path("/dev/shm")
 
@@ -22,7 +22,7 @@ def new_instance_id() -> str:
 
 def make_run_dir(instance: str) -> Path:
     # ipc:// paths are limited to ~107 bytes: keep the directory short, under /tmp.
-    base = Path(os.environ.get("OMNI_RUN_ROOT", tempfile.gettempdir()))
+    base = env.run_root()
     path = base / f"omni-{instance}"
     path.mkdir(mode=0o700, parents=True, exist_ok=False)
     return path

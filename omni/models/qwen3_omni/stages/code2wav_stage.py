@@ -9,14 +9,16 @@ import torch
 
 from omni.models.qwen3_omni.checkpoint.random_load import random_part
 from omni.models.qwen3_omni.modules.code2wav import Code2Wav
+from omni.models.qwen3_omni.stages.args import Code2WavArgs
 from omni.stages.vocoder import VocoderStage
 
 log = logging.getLogger("omni.qwen3.code2wav")
 
 
 class Code2WavStage(VocoderStage):
-    """The vocoder stage of a Qwen3-Omni graph. args: model (checkpoint dir), dtype (optional,
-    e.g. "bfloat16"), plus VocoderStage's chunking args."""
+    """The vocoder stage of a Qwen3-Omni graph. args: `Code2WavArgs` (stages/args.py)."""
+
+    Args = Code2WavArgs
 
     def setup(self) -> None:
         super().setup()
@@ -33,10 +35,10 @@ class Code2WavStage(VocoderStage):
         log.info("code2wav: warm-up chunks at batch %s in %.1f s", list(batches), time.monotonic() - t0)
 
     def build_codec(self) -> Code2Wav:
-        dtype = self.ctx.args.get("dtype")
-        model = random_part("code2wav", self.ctx.args, self.ctx.device)  # load_format="random"
+        dtype = self.ctx.args.dtype
+        model = random_part("code2wav", vars(self.ctx.args), self.ctx.device)  # load_format="random"
         if model is not None:
             return model
         return Code2Wav.from_checkpoint(
-            self.ctx.args["model"], dtype=getattr(torch, dtype) if dtype else None, device=self.ctx.device
+            self.ctx.args.model_dir, dtype=getattr(torch, dtype) if dtype else None, device=self.ctx.device
         )
