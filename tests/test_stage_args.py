@@ -47,6 +47,9 @@ def test_unknown_and_mistyped_fields_from_toml_and_yaml(tiny, tmp_path):
     yml.write_text("stages:\n  code2wav:\n    args: {chunk_frames: many}\n")
     with pytest.raises(GraphError, match=r"stage 'code2wav': args.chunk_frames: Expected `int`, got `str`"):
         apply_overrides(build(tiny)[0], load_override_file(yml))
+    toml.write_text("[stage.thinker.args]\nnum_blocks = 512\n")  # a misspelt table is no quieter
+    with pytest.raises(GraphError, match=r"only a \[model\] table and \[stages.<name>\] tables, got \['stage'\]"):
+        load_override_file(toml)
     toml.write_text("[stages.thinker.args]\nnum_blocks = 512\n")  # a known field passes, typed
     graph = apply_overrides(build(tiny)[0], load_override_file(toml))
     assert stage_args(graph.stage("thinker")).num_blocks == 512

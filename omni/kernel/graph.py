@@ -245,8 +245,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         import tomllib
 
         data = tomllib.loads(text)
-    if not isinstance(data, dict):
-        raise GraphError(f"{path}: expected a table at the top level")
+    if not isinstance(data, dict) or set(data) - {"model", "stages"}:
+        raise GraphError(f"{path}: a config file has only a [model] table and [stages.<name>] tables, "
+                         f"got {sorted(data) if isinstance(data, dict) else type(data).__name__}")
     return data
 
 
