@@ -32,7 +32,7 @@ def tiny(tmp_path_factory):
 def test_unknown_field_from_python(tiny):
     graph, _ = build(tiny)
     graph.stage("thinker").args["num_block"] = 64
-    with pytest.raises(GraphError, match=r"stage 'thinker': unknown args field 'num_block'"):
+    with pytest.raises(GraphError, match=r"stage 'thinker': unknown args field 'num_block'; did you mean 'num_blocks'"):
         graph.validate()
     with pytest.raises(GraphError, match=r"stage 'audio_encoder': unknown args field 'max_batches'"):
         build(tiny, stage_args={"audio_encoder": {"max_batches": 4}})
@@ -160,3 +160,18 @@ def test_a_plugin_kind_declares_its_args(monkeypatch):
     assert stage_args(apply_overrides(graph, parse_set_flags(["reverse.args.upper=true"])).stage("reverse")).upper
     with pytest.raises(GraphError, match=r"stage 'reverse': unknown args field 'uper'"):
         apply_overrides(graph, parse_set_flags(["reverse.args.uper=true"]))
+
+
+def test_checking_args_imports_no_torch():
+    """The kernel checks a graph's args in the API process: the args classes are torch-free."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from omni.kernel.graph import StageSpec, stage_args\n"
+            "for kind in ('qwen3-omni.thinker', 'qwen3-omni.talker', 'qwen3-omni.code2wav', 'qwen3-omni.preprocess',\n"
+            "             'qwen3-omni.audio_encoder', 'whisper.encoder', 'whisper.decoder'):\n"
+            "    stage_args(StageSpec('s', kind, args={'threads': 1}))\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False", out.stderr

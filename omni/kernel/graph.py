@@ -10,6 +10,7 @@ whenever the graph is validated: an unknown field or a mistyped value is an erro
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import typing
 from dataclasses import dataclass, field
@@ -137,7 +138,9 @@ def coerce_args(cls: type, args: Any, stage: str) -> Any:
     known = sorted(f.name for f in dataclasses.fields(cls))
     for key in args:
         if key not in known:
-            raise GraphError(f"stage {stage!r}: unknown args field {key!r}; {cls.__name__} takes {known}")
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise GraphError(f"stage {stage!r}: unknown args field {key!r}; {hint}{cls.__name__} takes {known}")
     try:
         return msgspec.convert(args, cls)
     except msgspec.ValidationError as exc:  # "Expected `int`, got `str` - at `$.block_size`"
