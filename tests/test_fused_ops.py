@@ -344,17 +344,23 @@ def test_tiny_thinker_greedy_tokens_with_and_without_fused_ops(dtype, monkeypatc
         assert fused == plain
         return
     # bf16: the fused kernels round once where the eager ops round after each op, so a near-tie can
-    # flip a token (seen on the H200): every token either path chose must be within MARGIN logits of
-    # the top token under transformers' float32 thinker, teacher-forced on that path's own tokens
+    # flip a token (seen on the H200). In bf16 a router near-tie can also pick another expert, which
+    # moves the logits by whole units (transformers' own bf16 thinker does it: 2.35 logits off its
+    # float32 top at one step of this checkpoint, on CPU too). So every token either path chose must
+    # be within MARGIN logits of the top token under transformers' thinker in float32 or in bf16,
+    # teacher-forced on that path's own tokens.
     import transformers
 
-    hf = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(ckpt), dtype=torch.float32)
-    hf = hf.cuda().eval()
+    refs = [transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(ckpt), dtype=d).cuda().eval()
+            for d in (torch.float32, torch.bfloat16)]
     for tokens in (fused, plain):
         for prompt, out in zip(prompts, tokens):
             seq = torch.tensor([prompt + out], device="cuda")
-            with torch.no_grad():
-                logits = hf.thinker(input_ids=seq, attention_mask=torch.ones_like(seq)).logits[0].float()
-            steps = logits[len(prompt) - 1 : len(prompt) - 1 + len(out)]
-            chosen = steps.gather(1, torch.tensor(out, device="cuda")[:, None])[:, 0]
-            assert (steps.max(dim=1).values - chosen).max().item() <= MARGIN
+            gaps = []
+            for hf in refs:
+                with torch.no_grad():
+                    logits = hf.thinker(input_ids=seq, attention_mask=torch.ones_like(seq)).logits[0].float()
+                steps = logits[len(prompt) - 1 : len(prompt) - 1 + len(out)]
+                chosen = steps.gather(1, torch.tensor(out, device="cuda")[:, None])[:, 0]
+                gaps.append(steps.max(dim=1).values - chosen)
+            assert torch.minimum(*gaps).max().item() <= MARGIN, gaps
