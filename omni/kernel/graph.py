@@ -134,6 +134,9 @@ def coerce_args(cls: type, args: Any, stage: str) -> Any:
     value is a GraphError naming the stage and the field."""
     if isinstance(args, cls):
         return args
+    if dataclasses.is_dataclass(args):  # the kind is registered with another class than its stage reads
+        raise GraphError(f"stage {stage!r}: its stage class reads {cls.__name__} args, the kind is registered "
+                         f"with {type(args).__name__}")
     if not isinstance(args, dict):
         raise GraphError(f"stage {stage!r}: args must be a table, got {type(args).__name__}")
     known = sorted(f.name for f in dataclasses.fields(cls))
