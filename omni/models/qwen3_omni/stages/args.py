@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni.models.loading import LOAD_FORMATS
 from omni.stages.ar.args import ARArgs
 from omni.stages.args import EncoderArgs, LayerArgs, StageArgs, VocoderArgs
-
-LOAD_FORMATS = ("auto", "safetensors", "random")
 
 
 @dataclass

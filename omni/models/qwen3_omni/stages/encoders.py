@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-import torch
+from functools import partial
 
+from omni.models.loading import load_part
 from omni.models.qwen3_omni.checkpoint.random_load import random_part
 from omni.models.qwen3_omni.modules.audio_encoder import AudioEncoder, AudioFeaturesEncoder
 from omni.models.qwen3_omni.modules.vision_encoder import ImagePatchesEncoder, VisionEncoder
@@ -18,11 +19,8 @@ class AudioEncoderStage(EncoderStage):
     Args = EncoderPartArgs
 
     def build_encoder(self) -> AudioFeaturesEncoder:
-        dtype = self.ctx.args.dtype
-        model = random_part("audio_encoder", vars(self.ctx.args), self.ctx.device)  # load_format="random"
-        model = model if model is not None else AudioEncoder.from_checkpoint(
-            self.ctx.args.model_dir, dtype=getattr(torch, dtype) if dtype else None, device=self.ctx.device)
-        return AudioFeaturesEncoder(model)
+        return AudioFeaturesEncoder(load_part(AudioEncoder, vars(self.ctx.args), self.ctx.device,
+                                              random=partial(random_part, "audio_encoder")))
 
 
 class VisionEncoderStage(EncoderStage):
@@ -31,8 +29,5 @@ class VisionEncoderStage(EncoderStage):
     Args = EncoderPartArgs
 
     def build_encoder(self) -> ImagePatchesEncoder:
-        dtype = self.ctx.args.dtype
-        model = random_part("vision_encoder", vars(self.ctx.args), self.ctx.device)  # load_format="random"
-        model = model if model is not None else VisionEncoder.from_checkpoint(
-            self.ctx.args.model_dir, dtype=getattr(torch, dtype) if dtype else None, device=self.ctx.device)
-        return ImagePatchesEncoder(model)
+        return ImagePatchesEncoder(load_part(VisionEncoder, vars(self.ctx.args), self.ctx.device,
+                                             random=partial(random_part, "vision_encoder")))

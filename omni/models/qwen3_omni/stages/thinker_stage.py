@@ -21,15 +21,15 @@ that want audio (`request.wants_audio`); the request's End carries {"finish_reas
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Any
-
-import torch
 
 from omni.kernel.stage import Emit, StageContext
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.request import wants_audio
 from omni.layers.fused_ops import use_fused_ops
 from omni.layers.moe_routed import use_moe_backend
+from omni.models.loading import load_part
 from omni.models.qwen3_omni.checkpoint.random_load import random_part
 from omni.models.qwen3_omni.stages.args import ThinkerArgs
 from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
@@ -43,6 +43,7 @@ from omni.stages.ar.stage import ARStage, copy_input
 class ThinkerStage(ARStage):
     sampling_key = "thinker"
     Args = ThinkerArgs
+    sglang_taps_model = "omni.vendor.sglang_models:OmniQwen3MoeTaps"  # SGLang's Qwen3-MoE + the talker's taps
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
@@ -74,11 +75,8 @@ class ThinkerStage(ARStage):
             return args.model
         if not args.model_dir:
             return super().build_model()
-        model = random_part("thinker", vars(args), self.ctx.device)  # load_format="random"
-        if model is not None:
-            return model
-        dtype = getattr(torch, args.dtype or "float32")
-        return Qwen3OmniThinker.from_checkpoint(args.model_dir, device=self.ctx.device, dtype=dtype)
+        return load_part(Qwen3OmniThinker, vars(args), self.ctx.device, random=partial(random_part, "thinker"),
+                         default_dtype="float32")
 
     def engine_config(self) -> EngineConfig:
         """The args' engine settings; EOS and taps the args leave empty come from the checkpoint."""
