@@ -10,7 +10,6 @@ whenever the graph is validated: an unknown field or a mistyped value is an erro
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import typing
 from dataclasses import dataclass, field
@@ -126,55 +125,13 @@ class Graph:
         )
 
 
-# ---- typed stage args ------------------------------------------------------------------
-
-
-def coerce_args(cls: type, args: Any, stage: str) -> Any:
-    """`args` (a dict, or already a `cls`) as a `cls` dataclass; an unknown field or a mistyped
-    value is a GraphError naming the stage and the field."""
-    if isinstance(args, cls):
-        return args
-    if dataclasses.is_dataclass(args):  # the kind is registered with another class than its stage reads
-        raise GraphError(f"stage {stage!r}: its stage class reads {cls.__name__} args, the kind is registered "
-                         f"with {type(args).__name__}")
-    if not isinstance(args, dict):
-        raise GraphError(f"stage {stage!r}: args must be a table, got {type(args).__name__}")
-    known = sorted(f.name for f in dataclasses.fields(cls))
-    for key in args:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise GraphError(f"stage {stage!r}: unknown args field {key!r}; {hint}{cls.__name__} takes {known}")
-    try:
-        return msgspec.convert(args, cls)
-    except msgspec.ValidationError as exc:  # "Expected `int`, got `str` - at `$.block_size`"
-        message, _, at = str(exc).partition(" - at `$.")
-        raise GraphError(f"stage {stage!r}: args{'.' + at.rstrip('`') if at else ''}: {message}") from None
-
-
 def stage_args(spec: StageSpec) -> Any:
-    """What a stage of `spec` gets as `ctx.args`: its kind's args class filled from `spec.args`
-    plus the stage-level fields the class takes (`STAGE_FIELDS`, default max_batch -> max_batch;
-    an unset one leaves the kind's default), or, for a kind that declares none, the dict."""
+    """What a stage of `spec` gets as `ctx.args`: its kind's typed args, checked (omni/stages/args.py),
+    or the free-form dict of a kind that declares none."""
     from omni.kernel.registry import REGISTRY
+    from omni.stages.args import resolve_args
 
-    data = dict(spec.args)
-    if "max_batch" in data:
-        raise GraphError(f"stage {spec.name!r}: max_batch is a stage field: set {spec.name}.max_batch, not args")
-    cls = REGISTRY.stage_args_class(spec.kind)
-    if cls is None:
-        return data if spec.max_batch is None else {**data, "max_batch": spec.max_batch}
-    for name, arg in getattr(cls, "STAGE_FIELDS", {"max_batch": "max_batch"}).items():
-        value = getattr(spec, name)
-        if value is None:
-            continue
-        if arg not in {f.name for f in dataclasses.fields(cls)}:
-            raise GraphError(f"stage {spec.name!r}: its kind ({cls.__name__}) takes no {name}")
-        if arg in data and data[arg] != value:
-            raise GraphError(f"stage {spec.name!r}: {name}={value} and args.{arg}={data[arg]!r} are one setting; "
-                             f"set only {spec.name}.{name}")
-        data[arg] = value
-    return coerce_args(cls, data, spec.name)
+    return resolve_args(spec, REGISTRY.stage_args_class(spec.kind))
 
 
 # ---- overrides -------------------------------------------------------------------------

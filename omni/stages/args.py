@@ -1,6 +1,7 @@
 """Typed stage arguments: each stage kind declares its args once, as a dataclass here or beside
 its stage (families: `omni/models/<family>/stages/args.py`), and registers it with
-`register_stage(kind, target, args="module:Class")`.
+`register_stage(kind, target, args="module:Class")`. Here too: the strict converter (`coerce_args`,
+which a stage calls on a dict given in-process) and the stage-level fields rule (`resolve_args`).
 
 These modules import no torch: the kernel checks a graph's args against them when the graph is
 built (`omni.kernel.graph.stage_args`), so an unknown field or a mistyped value fails then, from
@@ -13,8 +14,59 @@ the field; call `super().check()`: mixins chain).
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import msgspec
+
+from omni.kernel.errors import GraphError
+
+
+def coerce_args(cls: type, args: Any, stage: str) -> Any:
+    """`args` (a dict, or already a `cls`) as a `cls` dataclass; an unknown field or a mistyped
+    value is a GraphError naming the stage and the field."""
+    if isinstance(args, cls):
+        return args
+    if dataclasses.is_dataclass(args):  # the kind is registered with another class than its stage reads
+        raise GraphError(f"stage {stage!r}: its stage class reads {cls.__name__} args, the kind is registered "
+                         f"with {type(args).__name__}")
+    if not isinstance(args, dict):
+        raise GraphError(f"stage {stage!r}: args must be a table, got {type(args).__name__}")
+    known = sorted(f.name for f in dataclasses.fields(cls))
+    for key in args:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise GraphError(f"stage {stage!r}: unknown args field {key!r}; {hint}{cls.__name__} takes {known}")
+    try:
+        return msgspec.convert(args, cls)
+    except msgspec.ValidationError as exc:  # "Expected `int`, got `str` - at `$.block_size`"
+        message, _, at = str(exc).partition(" - at `$.")
+        raise GraphError(f"stage {stage!r}: args{'.' + at.rstrip('`') if at else ''}: {message}") from None
+
+
+def resolve_args(spec: Any, cls: type | None) -> Any:
+    """A StageSpec's args as its kind's `cls` (None: the free-form dict), with the stage-level fields
+    the class takes (`STAGE_FIELDS`, default max_batch -> max_batch; an unset one leaves the kind's
+    default). `omni.kernel.graph.stage_args` calls it with the registered class."""
+    data = dict(spec.args)
+    if "max_batch" in data:
+        raise GraphError(f"stage {spec.name!r}: max_batch is a stage field: set {spec.name}.max_batch, not args")
+    if cls is None:
+        return data if spec.max_batch is None else {**data, "max_batch": spec.max_batch}
+    for name, arg in getattr(cls, "STAGE_FIELDS", {"max_batch": "max_batch"}).items():
+        value = getattr(spec, name)
+        if value is None:
+            continue
+        if arg not in {f.name for f in dataclasses.fields(cls)}:
+            raise GraphError(f"stage {spec.name!r}: its kind ({cls.__name__}) takes no {name}")
+        if arg in data and data[arg] != value:
+            raise GraphError(f"stage {spec.name!r}: {name}={value} and args.{arg}={data[arg]!r} are one setting; "
+                             f"set only {spec.name}.{name}")
+        data[arg] = value
+    return coerce_args(cls, data, spec.name)
 
 
 def positive(args: object, *names: str) -> None:

@@ -17,9 +17,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from omni.kernel.graph import coerce_args
 from omni.kernel.stage import Emit, Stage, StageContext
-from omni.stages.args import EncoderArgs
+from omni.stages.args import EncoderArgs, coerce_args
 from omni.stages.threads import pin_torch_threads
 
 

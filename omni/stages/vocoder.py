@@ -21,9 +21,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from omni.kernel.errors import InvalidRequest
-from omni.kernel.graph import coerce_args
 from omni.kernel.stage import Emit, Stage, StageContext
-from omni.stages.args import VocoderArgs
+from omni.stages.args import VocoderArgs, coerce_args
 from omni.stages.threads import pin_torch_threads
 
 GPU_MAX_BATCH, CPU_MAX_BATCH = 32, 8

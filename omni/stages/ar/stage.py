@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 from omni.kernel.errors import GraphError, InvalidRequest
-from omni.kernel.graph import coerce_args
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.stages.ar.args import BACKENDS, ARArgs
 from omni.stages.ar.config import EngineConfig
+from omni.stages.args import coerce_args
 from omni.stages.ar.engine import AREngine, StepOutput
 from omni.stages.ar.model_api import ARModel
 from omni.stages.ar.sequence import SamplingParams

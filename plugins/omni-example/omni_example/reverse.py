@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from omni.kernel.errors import InvalidRequest
-from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec, coerce_args
+from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.kernel.registry import ModelInfo
 from omni.kernel.stage import Emit, Stage, StageContext
-from omni.stages.args import StageArgs
+from omni.stages.args import StageArgs, coerce_args
 
 MODEL_ID = "omni-example-reverse"
 

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 
 from omni.kernel.errors import InvalidRequest, OmniError
-from omni.kernel.graph import coerce_args
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.kernel.registry import CHARS_PER_TOKEN
 from omni.models.qwen3_omni.request import chat_messages, check_voice, prompt_chars, wants_audio
 from omni.models.qwen3_omni.stages.args import PreprocessArgs
+from omni.stages.args import coerce_args
 from omni.stages.threads import pin_torch_threads
 
 

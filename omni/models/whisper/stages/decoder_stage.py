@@ -36,7 +36,7 @@ from omni.models.whisper.modules.logits import RULES, DecodeRules
 from omni.models.whisper.stages.seek import cut, shifted_mel
 from omni.models.whisper.stages.stats import STATS, DecodeStats, compression_ratio
 from omni.models.whisper.stages.transcript import WhisperText, join_texts
-from omni.kernel.graph import coerce_args
+from omni.stages.args import coerce_args
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.engine import AREngine
 from omni.stages.ar.sequence import SamplingParams
