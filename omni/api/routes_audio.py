@@ -20,6 +20,7 @@ from omni.api.generation import AudioPiece, Finish, KernelRequest
 from omni.api.metrics import RequestTimer
 from omni.api.params import model_applies_speed, speech_params
 from omni.api.prompt_bounds import check_prompt_chars
+from omni.api.routes_voices import speech_voice
 from omni.api.schemas import SpeechRequest, decode_body
 from omni.api.sse import SseStream
 from omni.api.state import STATE
@@ -46,6 +47,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     req = decode_body(await read_body(request), SpeechRequest)
     check_prompt_chars(state.info, len(req.input), "input")
     params = speech_params(state, req)
+    params.update(await speech_voice(state, params["voice"], req.ref_audio, req.ref_text, req.x_vector_only_mode))
     timer = RequestTimer(state.metrics, SPEECH_ROUTE)
     changer_needed = req.speed != 1.0 and not model_applies_speed(state)
     sse = SseStream(request) if req.stream_format == "sse" else None
@@ -106,8 +108,10 @@ async def speech(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def _read_form(request: web.Request, max_file_bytes: int) -> tuple[dict[str, str | list[str]], bytes | None]:
-    """The multipart fields (an `x[]` field may repeat: its values are a list) and the `file`."""
+async def _read_form(request: web.Request, max_file_bytes: int, file_fields: tuple[str, ...] = ("file",)
+                     ) -> tuple[dict[str, str | list[str]], bytes | None]:
+    """The multipart fields (an `x[]` field may repeat: its values are a list) and the file (the
+    first of `file_fields` present)."""
     if not request.content_type.startswith("multipart/"):
         raise bad_request(f"expected multipart/form-data, got {request.content_type!r}", code="invalid_content_type")
     fields: dict[str, str] = {}
@@ -117,14 +121,14 @@ async def _read_form(request: web.Request, max_file_bytes: int) -> tuple[dict[st
         while (part := await reader.next()) is not None:
             if getattr(part, "name", None) is None:
                 continue
-            limit = max_file_bytes if part.name == "file" else MAX_FIELD_BYTES
+            limit = max_file_bytes if part.name in file_fields else MAX_FIELD_BYTES
             data = bytearray()
             while chunk := await part.read_chunk(64 << 10):
                 data += chunk
                 if len(data) > limit:
                     raise too_large(f"form field {part.name!r} is over {limit} bytes", part.name)
-            if part.name == "file":
-                audio = bytes(data)
+            if part.name in file_fields:
+                audio = bytes(data) if audio is None else audio
             elif part.name.endswith("[]"):
                 fields.setdefault(part.name, []).append(data.decode("utf-8", errors="replace"))
             else:
