@@ -15,7 +15,7 @@ from aiohttp import web
 
 from omni.api.audio_codec import CONTENT_TYPES, StreamEncoder
 from omni.api.connections import read_body, write_within
-from omni.api.errors import ApiError, as_api_error, bad_request, too_large
+from omni.api.errors import as_api_error
 from omni.api.generation import AudioPiece, Finish, KernelRequest
 from omni.api.metrics import RequestTimer
 from omni.api.params import model_applies_speed, speech_params
@@ -27,7 +27,6 @@ from omni.api.state import STATE
 
 log = logging.getLogger("omni.api")
 SPEECH_ROUTE = "/v1/audio/speech"
-MAX_FIELD_BYTES = 64 << 10
 
 
 class SpeedChanger:
@@ -108,33 +107,3 @@ async def speech(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def _read_form(request: web.Request, max_file_bytes: int, file_fields: tuple[str, ...] = ("file",)
-                     ) -> tuple[dict[str, str | list[str]], bytes | None]:
-    """The multipart fields (an `x[]` field may repeat: its values are a list) and the file (the
-    first of `file_fields` present)."""
-    if not request.content_type.startswith("multipart/"):
-        raise bad_request(f"expected multipart/form-data, got {request.content_type!r}", code="invalid_content_type")
-    fields: dict[str, str] = {}
-    audio: bytes | None = None
-    try:
-        reader = await request.multipart()
-        while (part := await reader.next()) is not None:
-            if getattr(part, "name", None) is None:
-                continue
-            limit = max_file_bytes if part.name in file_fields else MAX_FIELD_BYTES
-            data = bytearray()
-            while chunk := await part.read_chunk(64 << 10):
-                data += chunk
-                if len(data) > limit:
-                    raise too_large(f"form field {part.name!r} is over {limit} bytes", part.name)
-            if part.name in file_fields:
-                audio = bytes(data) if audio is None else audio
-            elif part.name.endswith("[]"):
-                fields.setdefault(part.name, []).append(data.decode("utf-8", errors="replace"))
-            else:
-                fields[part.name] = data.decode("utf-8", errors="replace")
-    except ApiError:
-        raise
-    except Exception as exc:  # aiohttp raises assorted types (InvalidHeader, ValueError...) for a bad body
-        raise bad_request(f"malformed multipart body: {exc}", code="invalid_multipart") from None
-    return fields, audio

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from omni.api.connections import read_body, within_body_timeout
+from omni.api.connections import read_body, read_form, within_body_timeout
 from omni.api.errors import ApiError, as_api_error, bad_request
 from omni.api.media import audio_part, b64decode_strict, decode_audio
 from omni.api.schemas import decode_body
@@ -105,10 +105,9 @@ class _JsonVoice(msgspec.Struct):
 
 
 async def _fields(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes]:
-    from omni.api.routes_audio import _read_form
-
+    
     if request.content_type.startswith("multipart/"):
-        fields, audio = await within_body_timeout(request, _read_form(request, max_bytes, ("audio_sample", "file")))
+        fields, audio = await within_body_timeout(request, read_form(request, max_bytes, ("audio_sample", "file")))
         if audio is None:
             raise bad_request("the form has no audio_sample file", param="audio_sample", code="missing_audio")
         return {k: v for k, v in fields.items() if isinstance(v, str)}, audio
