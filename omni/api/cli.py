@@ -19,18 +19,17 @@ import asyncio
 import dataclasses
 import json
 import logging
-import os
 import sys
 from pathlib import Path
+
+from omni import env
 
 log = logging.getLogger("omnid")
 
 
 def cache_dir() -> Path:
-    """Where omnid keeps what it makes: $OMNI_CACHE_DIR, else $XDG_CACHE_HOME/omni, else ~/.cache/omni."""
-    if os.environ.get("OMNI_CACHE_DIR"):
-        return Path(os.environ["OMNI_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "omni"
+    """Where omnid keeps what it makes (`omni.env.cache_dir`)."""
+    return env.cache_dir()
 
 
 def embedded_default_model() -> tuple[str | None, str | None]:
@@ -88,7 +87,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="TOML/YAML file of [stages.<name>] overrides")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="STAGE.FIELD=VALUE",
                         help="override one stage field; repeatable")
-    parser.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"),
+    parser.add_argument("--api-key", default=env.api_key(),
                         help="require this bearer key (default $OMNI_API_KEY; prefer it or --api-key-file: "
                              "a flag shows in the process list)")
     parser.add_argument("--api-key-file", default=None, help="read the bearer key from this file")
@@ -128,16 +127,9 @@ def config_model_table(path: str | None) -> dict:
     """The `[model]` table of the --config file: family, path, variant (flags win over it)."""
     if not path:
         return {}
-    text = Path(path).read_text()
-    if Path(path).suffix in (".yaml", ".yml"):
-        import yaml
+    from omni.kernel.graph import read_config_file
 
-        data = yaml.safe_load(text) or {}
-    else:
-        import tomllib
-
-        data = tomllib.loads(text)
-    table = data.get("model", {})
+    table = read_config_file(path).get("model", {})
     if not isinstance(table, dict) or set(table) - {"family", "path", "variant"}:
         raise CliError(f"{path}: [model] takes only family, path and variant, got {table!r}")
     return table

@@ -1,9 +1,9 @@
-"""The engine's one validated config object, built at the entry and passed whole."""
+"""The engine's one validated config object, built at the entry and passed whole (a stage's
+typed args, `omni.stages.ar.args.ARArgs`, carry these fields and build it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from omni.kernel.errors import InvalidRequest
 
@@ -63,9 +63,3 @@ class EngineConfig:
                 "without chunked prefill max_num_batched_tokens must be >= max_model_len "
                 f"({self.max_num_batched_tokens} < {self.max_model_len})"
             )
-
-    @classmethod
-    def from_dict(cls, args: dict[str, Any]) -> "EngineConfig":
-        """Build from a stage's args, ignoring keys that are not engine settings."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in args.items() if k in names})
