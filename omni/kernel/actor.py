@@ -48,7 +48,7 @@ def edge_channel(graph: Graph, edge: EdgeSpec) -> str:
     if edge.dst == OUT:
         return "inline"
     src, dst = graph.stage(edge.src), graph.stage(edge.dst)
-    if src.device.startswith("cuda") and dst.device.startswith("cuda"):
+    if all(d.startswith("cuda") for d in src.all_devices() + dst.all_devices()):
         return "cuda_ipc"
     return "shm"
 
@@ -189,6 +189,8 @@ class Actor:
     def _reader(self, channel: str) -> Any:
         if channel not in self._readers:
             reader = self._readers[channel] = load_channel(channel).reader()
+            if hasattr(reader, "device"):  # cuda_ipc: tensors of another GPU's pool are copied here
+                reader.device = self.spec.device_of(self.replica)
             if hasattr(reader, "fence"):
                 self.driver.fence = reader.fence
         return self._readers[channel]

@@ -55,7 +55,7 @@ class StageDriver:
             name=self.spec.name,
             replica=self.replica,
             args={**self.spec.args, "max_batch": self.spec.max_batch},
-            device=self.spec.device,
+            device=self.spec.device_of(self.replica),
             run_dir=self.run_dir,
             in_ports=[e.dst_port for e in self.graph.incoming(self.spec.name)],
             out_ports=sorted({e.port for e in self.graph.outgoing(self.spec.name)}),

@@ -27,6 +27,7 @@ class StageSpec:
     args: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"
     replicas: int = 1
+    devices: list[str] = field(default_factory=list)  # one per replica ("cuda:1", "cuda:2"); [] = all on `device`
     max_batch: int = 32  # the stage's own batching bound, passed in its context args
     max_queue: int = 256  # inputs the actor hands the stage before it stops feeding it
     credits: int = 64  # chunks in flight on each inbound edge
@@ -36,6 +37,13 @@ class StageSpec:
     capability: str = ""  # what the stage serves alone (e.g. "image_input"); "" = core, every request needs it
     restart_window_s: float = 60.0
     restart_cooldown_s: float = 30.0
+
+    def device_of(self, replica: int) -> str:
+        """Where replica `replica` runs: its entry of `devices`, else `device`."""
+        return self.devices[replica] if self.devices else self.device
+
+    def all_devices(self) -> list[str]:
+        return [self.device_of(r) for r in range(self.replicas)]
 
 
 @dataclass
@@ -101,6 +109,9 @@ class Graph:
         for spec in self.stages:
             if spec.replicas < 1:
                 raise GraphError(f"stage {spec.name!r}: replicas must be >= 1")
+            if spec.devices and len(spec.devices) != spec.replicas:
+                raise GraphError(f"stage {spec.name!r}: devices names {len(spec.devices)} device(s) "
+                                 f"for {spec.replicas} replica(s); give one per replica")
             if spec.name != self.entry and not self.incoming(spec.name):
                 raise GraphError(f"stage {spec.name!r} has no inbound edge and is not the entry")
 

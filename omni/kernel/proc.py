@@ -72,6 +72,9 @@ def actor_main(config: dict[str, Any]) -> None:
     )
     for key, value in config.get("env", {}).items():
         os.environ[key] = value
+    from omni.kernel.gpu_env import keep_multicast_off
+
+    keep_multicast_off()  # also under an `env` of its own: NCCL, torch and NVSHMEM in this process and its children
     try:
         import uvloop
 

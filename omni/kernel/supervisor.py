@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from omni.kernel.gpu_env import keep_multicast_off
 from omni.kernel.graph import Graph
 from omni.kernel.rundir import actor_name
 
@@ -99,13 +100,16 @@ class Launcher:
             }
             # A fresh interpreter (spawn semantics, never fork): CUDA-safe, and the caller's
             # __main__ is never re-imported, so scripts and notebooks need no main guard.
-            proc = subprocess.Popen([sys.executable, "-m", "omni.kernel.proc"], stdin=subprocess.PIPE, close_fds=True)
+            env = keep_multicast_off(dict(os.environ))
+            proc = subprocess.Popen([sys.executable, "-m", "omni.kernel.proc"], stdin=subprocess.PIPE, close_fds=True,
+                                    env=env)
             proc.stdin.write(json.dumps(config).encode())
             proc.stdin.close()
             handle.process, handle.pid = proc, proc.pid
         else:
             from omni.kernel.actor import Actor
 
+            keep_multicast_off()  # the stage runs in this process
             handle.actor = Actor(self.graph, handle.stage, handle.replica, self.run_dir, self.instance)
             handle.task = asyncio.create_task(handle.actor.run(), name=f"omni-{handle.name}")
             handle.pid = os.getpid()

@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
+from omni.kernel.errors import GraphError
 from omni.kernel.stage import Emit, StageContext
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.request import wants_audio
-from omni.models.qwen3_omni.checkpoint.random_load import random_part
+from omni.models.qwen3_omni.checkpoint.random_load import load_format, random_part
 from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.detokenizer import TextStream, load_tokenizer
@@ -61,6 +62,8 @@ class ThinkerStage(ARStage):
 
     def build_model(self) -> Qwen3OmniThinker:
         args = self.ctx.args
+        if int(args.get("tensor_parallel_size") or 1) > 1:
+            return self._tensor_parallel_model()
         if args.get("model") is not None:
             return args["model"]
         if not args.get("model_dir"):
@@ -70,6 +73,20 @@ class ThinkerStage(ARStage):
             return model
         dtype = getattr(torch, args.get("dtype") or "float32")
         return Qwen3OmniThinker.from_checkpoint(args["model_dir"], device=self.ctx.device, dtype=dtype)
+
+    def _tensor_parallel_model(self):
+        """Rank 0 of `tensor_parallel_size` ranks on consecutive devices, each loading its slices."""
+        from omni.stages.ar.tensor_parallel import CacheRecipe, ShardRecipe, TensorParallelModel, rank_devices
+
+        args, config = self.ctx.args, self.engine_config()
+        if not args.get("model_dir"):
+            raise GraphError(f"stage {self.ctx.name!r}: tensor_parallel_size > 1 needs args.model_dir (each rank loads it)")
+        size = config.tensor_parallel_size
+        recipe = ShardRecipe("omni.models.qwen3_omni.modules.thinker_tp:build_shard", {
+            "model_dir": str(args["model_dir"]), "dtype": args.get("dtype") or "",
+            "load_format": load_format(args), "seed": int(args.get("seed") or 0)})
+        cache = CacheRecipe(config.num_blocks, config.block_size, config.dtype, config.attention_backend)
+        return TensorParallelModel.launch(recipe, size, rank_devices(self.ctx.device, size), cache)
 
     def engine_config(self) -> EngineConfig:
         args = dict(self.ctx.args)

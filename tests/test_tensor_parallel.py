@@ -1,0 +1,169 @@
+"""Tensor parallelism of the built-in engine's thinker on the CPU (two gloo processes).
+
+- the split itself: each rank's slices of the MoE experts and of a dense MLP sum to the full
+  layer's output, and sizes the ranks cannot divide are refused;
+- through `ThinkerStage` (the stage is rank 0 and spawns rank 1): TP=2 gives the same greedy
+  tokens as TP=1 on a tiny checkpoint, batched and with chunked prefill, and taps within float
+  tolerance;
+- a killed rank fails the requests in flight and every later one at once: no step hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from omni.kernel.stage import StageContext
+from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+from omni.models.qwen3_omni.checkpoint.tokenizer_offline import token_ids
+from omni.models.qwen3_omni.config import load_config
+from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
+from omni.models.qwen3_omni.modules.thinker_layers import DenseMLP
+from omni.models.qwen3_omni.modules.thinker_tp import shard_config, shard_state
+from omni.models.qwen3_omni.stages.thinker_stage import ThinkerStage
+from omni.stages.ar.tensor_parallel import TensorParallelError, TensorParallelModel, backend_for, rank_devices
+
+IDS = token_ids()
+START, END, USER, ASSISTANT = IDS["<|im_start|>"], IDS["<|im_end|>"], IDS["user"], IDS["assistant"]
+PROMPTS = [[START, USER, 10, 3, 14, 15, 92, 7, END, 10, START, ASSISTANT, 10],
+           [START, USER, 10, *range(200, 211), END, 10],
+           [5, 6, 7]]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("tp"), seed=5, preset="tiny-a")
+
+
+# ---- the split ---------------------------------------------------------------------------
+
+def test_expert_slices_sum_to_the_full_moe(ckpt):
+    full = Qwen3OmniThinker.from_checkpoint(ckpt)
+    cfg = load_config(ckpt).thinker
+    state = full.state_dict()
+    x = torch.randn(7, cfg.text.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        want = full.model.layers[0].mlp(x)
+        parts = []
+        for rank in range(2):
+            shard = Qwen3OmniThinker(shard_config(cfg, 2))
+            shard.load_weights(shard_state(state, rank, 2))
+            assert shard.model.layers[0].mlp.experts.down_proj.shape[-1] == cfg.text.moe_intermediate_size // 2
+            parts.append(shard.model.layers[0].mlp(x))
+    torch.testing.assert_close(parts[0] + parts[1], want, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(parts[0], want)  # each rank alone is a partial sum
+
+
+def test_dense_slices_sum_to_the_full_mlp():
+    torch.manual_seed(0)
+    full = DenseMLP(8, 12, "silu")
+    state = {f"model.layers.0.mlp.{k}": v for k, v in full.state_dict().items()}
+    x = torch.randn(3, 8)
+    total = 0
+    for rank in range(2):
+        shard = DenseMLP(8, 6, "silu")
+        shard.load_state_dict({k.split("mlp.")[1]: v for k, v in shard_state(state, rank, 2).items()})
+        total = total + shard(x)
+    torch.testing.assert_close(total, full(x), atol=1e-6, rtol=1e-5)
+
+
+def test_sizes_the_ranks_cannot_divide_are_refused(ckpt):
+    cfg = load_config(ckpt).thinker  # 4 query heads, 2 key/value heads
+    assert shard_config(cfg, 2).text.num_kv_heads == 1
+    with pytest.raises(ValueError, match="must divide"):
+        shard_config(cfg, 4)
+
+
+def test_rank_devices_and_backend():
+    assert rank_devices("cpu", 2) == ["cpu", "cpu"]
+    assert rank_devices("cuda:2", 3) == ["cuda:2", "cuda:3", "cuda:4"]
+    assert backend_for(["cpu", "cpu"]) == "gloo"
+    assert backend_for(["cuda:0", "cuda:1"]) == "nccl"
+    assert backend_for(["cuda:0", "cuda:0"]) == "gloo"  # NCCL refuses two ranks on one GPU
+
+
+# ---- through the stage -------------------------------------------------------------------
+
+def _stage(ckpt, tp: int, **args) -> ThinkerStage:
+    ctx = StageContext(name="thinker", args={"model_dir": str(ckpt), "block_size": 4, "num_blocks": 64,
+                                             "max_model_len": 96, "max_num_batched_tokens": 8,
+                                             "tensor_parallel_size": tp, **args},
+                       in_ports=["tokens"], out_ports=["text", "hidden"])
+    stage = ThinkerStage(ctx)
+    stage.setup()
+    return stage
+
+
+def _run(stage: ThinkerStage, prompts, max_tokens: int = 10, timeout_s: float = 120.0):
+    """Greedy tokens (and errors) per request, all requests batched."""
+    tokens = {f"r{i}": [] for i in range(len(prompts))}
+    errors, taps, done = {}, {r: [] for r in tokens}, set()
+    for rid, prompt in zip(tokens, prompts):
+        stage.open(rid, {"prompt_token_ids": prompt, "modalities": ["text", "audio"],
+                         "sampling": {"thinker": {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}}})
+        stage.close_input(rid)
+    deadline = time.monotonic() + timeout_s
+    while stage.has_work():
+        assert time.monotonic() < deadline, "the stage did not finish its requests"
+        for e in stage.step():
+            if e.error is not None:
+                errors[e.rid] = e.error
+            elif e.finish:
+                done.add(e.rid)
+            elif e.port == "text":
+                tokens[e.rid] += e.data["token_ids"]
+            elif e.port == "hidden":
+                taps[e.rid].append(e.data["layer_1"])
+    return tokens, errors, taps, done
+
+
+def test_tp2_gives_the_greedy_tokens_of_tp1(ckpt):
+    one = _stage(ckpt, 1)
+    want, errors, want_taps, _ = _run(one, PROMPTS)
+    one.teardown()
+    assert not errors
+    two = _stage(ckpt, 2)
+    try:
+        assert isinstance(two.engine.model, TensorParallelModel)
+        assert two.engine.kv_cache.shape[-2] == 1  # this rank's key/value heads only (2 in the model)
+        got, errors, got_taps, done = _run(two, PROMPTS)
+        assert not errors and done == set(want)
+        assert got == want
+        for rid in want:
+            torch.testing.assert_close(torch.cat(got_taps[rid]), torch.cat(want_taps[rid]), atol=1e-5, rtol=1e-4)
+        again, errors, _, _ = _run(two, PROMPTS[:1])  # the group keeps serving
+        assert not errors and again["r0"] == want["r0"]
+    finally:
+        two.teardown()
+    assert all(p.exitcode is not None for p in two.engine.model.workers or [])
+
+
+def test_a_killed_rank_fails_requests_without_a_hang(ckpt):
+    stage = _stage(ckpt, 2)
+    worker = stage.engine.model.workers[0]
+    try:
+        _, errors, _, _ = _run(stage, PROMPTS[:1], max_tokens=2)
+        assert not errors
+        # rank 1 dies while a request is in flight
+        stage.open("x", {"prompt_token_ids": PROMPTS[0], "sampling": {"thinker": {"temperature": 0, "max_tokens": 50}}})
+        stage.close_input("x")
+        stage.step()
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(10)
+        t0 = time.monotonic()
+        with pytest.raises(TensorParallelError, match="rank 1 exited"):
+            for _ in range(60):
+                stage.step()
+        assert time.monotonic() - t0 < 30
+        # in the actor the step's exception fails the request: the next requests fail at once too
+        stage.abort("x")
+        t0 = time.monotonic()
+        with pytest.raises(TensorParallelError, match="broken"):
+            _run(stage, PROMPTS[1:2], max_tokens=2)
+        assert time.monotonic() - t0 < 5
+    finally:
+        stage.teardown()
