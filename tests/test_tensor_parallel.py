@@ -167,3 +167,51 @@ def test_a_killed_rank_fails_requests_without_a_hang(ckpt):
         assert time.monotonic() - t0 < 5
     finally:
         stage.teardown()
+
+
+# ---- through the kernel: the stage process is rank 0 -----------------------------------------
+
+def test_through_the_kernel_tp2_serves_and_a_killed_rank_fails_requests_cleanly(ckpt):
+    import asyncio
+
+    import psutil
+
+    from omni.kernel.errors import OmniError
+    from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
+    from omni.kernel.kernel import Kernel
+
+    want, _, _, _ = _run(_one_stage := _stage(ckpt, 1), PROMPTS[:1], max_tokens=6)
+    _one_stage.teardown()
+    args = {"model_dir": str(ckpt), "block_size": 4, "num_blocks": 64, "max_model_len": 96,
+            "tensor_parallel_size": 2}
+    graph = Graph("tp", [StageSpec("thinker", "omni.models.qwen3_omni.stages.thinker_stage:ThinkerStage", args=args,
+                                   max_restarts=0)],
+                  [EdgeSpec("thinker", "text", OUT)])
+    params = {"prompt_token_ids": PROMPTS[0],
+              "sampling": {"thinker": {"temperature": 0, "max_tokens": 6, "ignore_eos": True}}}
+
+    async def main():
+        kernel = Kernel(graph, env={"OMP_NUM_THREADS": "1"})
+        await kernel.start()
+        try:
+            events = await asyncio.wait_for(kernel.submit(params).collect(), 120)
+            tokens = [t for e in events if e.port == "text" for t in e.data["token_ids"]]
+            ranks = [p for p in psutil.Process(kernel.pid_of("thinker")).children()
+                     if "spawn_main" in " ".join(p.cmdline())]  # not multiprocessing's resource tracker
+            assert len(ranks) == 1 and ranks[0].environ().get("NCCL_NVLS_ENABLE") == "0"
+            ranks[0].kill()
+            await asyncio.sleep(0.5)  # a zombie until its parent, the stage, reaps it
+            failures = []
+            for _ in range(2):  # the request after the crash, and the one after that
+                t0 = time.monotonic()
+                with pytest.raises(OmniError) as caught:
+                    await asyncio.wait_for(kernel.submit(params).collect(), 60)
+                failures.append((str(caught.value), time.monotonic() - t0))
+            return tokens, failures
+        finally:
+            await kernel.stop()
+
+    tokens, failures = asyncio.run(main())
+    assert tokens == want["r0"]
+    for message, seconds in failures:
+        assert "tensor-parallel group broken: rank 1 exited" in message and seconds < 30
