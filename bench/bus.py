@@ -72,8 +72,8 @@ def _bus_echo(ping: str, pong: str, n: int) -> None:
         outbox = Outbox(lambda peer: pong, "echo")
         count = [0]
 
-        def handle(frames: list) -> None:
-            outbox.send("bench", m.decode(frames[0].buffer))
+        def handle(msg: m.Msg, frames: list) -> None:
+            outbox.send("bench", msg)
             count[0] += 1
             if count[0] == n:
                 done.set_result(None)
@@ -98,13 +98,13 @@ def bench_bus(n: int, tmp: str) -> list[float]:
 
     async def main() -> list[float]:
         replies: asyncio.Queue = asyncio.Queue()
-        mailbox = Mailbox(pong, lambda frames: replies.put_nowait(m.decode(frames[0].buffer)), "bench")
+        mailbox = Mailbox(pong, lambda msg, frames: replies.put_nowait(msg), "bench")
         mailbox.start()
         proc.start()
         outbox = Outbox(lambda peer: ping, "bench")
-        msg, times = m.RequestChunk("r" * 32, "a.out->b.in", {"token_ids": [1, 2, 3]}), []
+        msg, times = m.RequestChunk("r" * 32, 0, {"token_ids": [1, 2, 3]}), []
         for i in range(n):
-            msg.seq = i
+            msg.meta["token_ids"][0] = i
             t0 = time.perf_counter_ns()
             while not outbox.send("echo", msg):  # the echo process may still be starting
                 await asyncio.sleep(0.01)

@@ -123,7 +123,7 @@ def stream_runner(writer: Any, conn: Any, src: Any, mode: bytes) -> Callable[[in
                 except ChannelFull:
                     desc = None
                 if desc is not None:
-                    conn.send_bytes(mode + encode(RequestChunk(rid="b", edge="e", payloads=[desc])))
+                    conn.send_bytes(mode + encode(RequestChunk(rid="b", edge=0, payloads=[desc])))
                     sent += 1
                     in_flight += 1
                     continue

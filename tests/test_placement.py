@@ -8,11 +8,11 @@ from unittest import mock
 
 import pytest
 
-from omni.kernel.actor import edge_channel
+from omni.kernel.channels import Readers, channel_of
 from omni.kernel.errors import GraphError
-from omni.kernel.gpu_env import MULTICAST_OFF, keep_multicast_off
+from omni.gpu_env import MULTICAST_OFF, keep_multicast_off
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec, apply_overrides
-from omni.kernel.placement import parse_gpus, place, plan
+from omni.placement import parse_gpus, place, plan
 
 
 def _speech_graph(talkers: int = 1, vocoders: int = 1, thinker_args: dict | None = None) -> Graph:
@@ -94,23 +94,19 @@ def test_devices_are_one_per_replica():
 
 def test_an_edge_uses_cuda_ipc_only_when_every_replica_of_both_ends_is_on_a_gpu():
     graph = _speech_graph(talkers=2)
-    edge = graph.outgoing("thinker")[0]  # thinker.hidden -> talker
-    assert edge_channel(graph, edge) == "cuda_ipc"
+    edge = next(e for e in graph.edges if e.src == "thinker" and e.dst == "talker")
+    assert channel_of(graph, edge) == "cuda_ipc"
     graph.stage("talker").devices = ["cuda:1", "cpu"]
-    assert edge_channel(graph, edge) == "shm"
+    assert channel_of(graph, edge) == "shm"
 
 
-def test_the_driver_gives_each_replica_its_device():
+def test_each_replica_gets_its_device_and_its_readers_copy_there():
     from omni.kernel.driver import StageDriver
 
-    graph = Graph("g", [StageSpec("s", "omni.stages.demo:Generator", replicas=2, devices=["cpu", "meta"])],
+    graph = Graph("g", [StageSpec("s", "omni.stages.demo:Generator", replicas=2, devices=["cpu", "cuda:1"])],
                   [EdgeSpec("s", "text", OUT)])
-    seen = []
-    with mock.patch("omni.kernel.driver.REGISTRY") as registry:
-        registry.stage_class.return_value = lambda ctx: seen.append(ctx.device) or mock.MagicMock()
-        for replica in range(2):
-            StageDriver(graph, graph.stages[0], replica, "", 1).setup()
-    assert seen == ["cpu", "meta"]
+    assert [StageDriver(graph, "s", r).ctx.device for r in range(2)] == ["cpu", "cuda:1"]
+    assert Readers("cuda:1").get("cuda_ipc").device == "cuda:1"
 
 
 # ---- NVLink multicast off ---------------------------------------------------------------------
@@ -124,16 +120,18 @@ def test_multicast_variables_are_set_where_unset_and_kept_where_set():
 def test_a_stage_process_gets_them_even_from_a_bare_parent(monkeypatch):
     import asyncio
 
-    from omni.kernel.supervisor import ActorHandle, Launcher
+    from omni.kernel.supervisor import ActorHandle, Supervisor
 
     for key in MULTICAST_OFF:
         monkeypatch.delenv(key, raising=False)
-    graph = _speech_graph()
-    launcher = Launcher(graph, "process", "/tmp", "i", "WARNING", {"OTHER": "1"})
+    supervisor = Supervisor(_speech_graph(), "process", "i", lambda handle, reason: [], 5.0, "WARNING", {"OTHER": "1"})
+    supervisor.run_dir = "/tmp"
     popen = mock.MagicMock()
-    with mock.patch("omni.kernel.supervisor.subprocess.Popen", popen):
-        async def go():
-            launcher.launch(ActorHandle("thinker", 0))
-        asyncio.run(go())
+
+    async def launch():
+        with mock.patch("omni.kernel.supervisor.subprocess.Popen", popen):
+            supervisor._launch(ActorHandle("thinker", 0))
+
+    asyncio.run(launch())
     env = popen.call_args.kwargs["env"]
     assert {k: env[k] for k in MULTICAST_OFF} == MULTICAST_OFF

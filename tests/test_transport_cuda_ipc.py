@@ -164,7 +164,7 @@ def test_round_trip_into_a_spawned_process_is_zero_copy(owner):
         samples = _gpu_samples()
         descs = [writer.write(name, value)[0] for name, value in samples.items()]
         assert all(d.channel == "cuda_ipc" and d.segment.startswith(owner) for d in descs)
-        answer, tokens = _ask(conn, "read", encode(RequestChunk(rid="r", edge="e", payloads=descs)))
+        answer, tokens = _ask(conn, "read", encode(RequestChunk(rid="r", edge=0, payloads=descs)))
         for name, digest, shape, dtype, is_cuda, inside in answer:
             want = samples[name]
             want = torch.from_numpy(want) if isinstance(want, np.ndarray) else want
@@ -173,7 +173,7 @@ def test_round_trip_into_a_spawned_process_is_zero_copy(owner):
             assert is_cuda and inside, f"{name}: the view does not lie inside the opened pool"
 
         target = descs[0]
-        assert _ask(conn, "fill", encode(RequestChunk(rid="r", edge="e", payloads=[target])), 7) == "filled"
+        assert _ask(conn, "fill", encode(RequestChunk(rid="r", edge=0, payloads=[target])), 7) == "filled"
         torch.cuda.synchronize()
         assert bool((writer._pool[target.offset : target.offset + target.nbytes] == 7).all())
 
@@ -201,7 +201,7 @@ def test_reader_waits_for_the_producers_copy(owner):
     try:
         first, _ = writer.write("zeros", torch.zeros(n, device="cuda"))
         torch.cuda.synchronize()
-        peek, waited = _ask(conn, "race", encode(RequestChunk(rid="r", edge="e", payloads=[first])))
+        peek, waited = _ask(conn, "race", encode(RequestChunk(rid="r", edge=0, payloads=[first])))
         assert waited == 0.0
         assert writer.free(int.from_bytes(first.extra[:8], "little"))
 
@@ -210,7 +210,7 @@ def test_reader_waits_for_the_producers_copy(owner):
         torch.cuda._sleep(3_000_000_000)  # the copy into the pool queues behind ~1.5 s of GPU time
         second, _ = writer.write("ones", ones)
         assert second.offset == first.offset  # same slot: stale zeros are there until the copy runs
-        peek, waited = _ask(conn, "race", encode(RequestChunk(rid="r", edge="e", payloads=[second])))
+        peek, waited = _ask(conn, "race", encode(RequestChunk(rid="r", edge=0, payloads=[second])))
         assert waited == float(n), "the reader did not wait for the producer's event"
         assert peek == 0.0, "the race this test guards against did not happen (sleep too short?)"
         _ask(conn, "done")

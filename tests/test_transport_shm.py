@@ -84,7 +84,7 @@ def test_round_trip_many_dtypes_and_shapes(owner):
         for name, value in _samples().items():
             desc, frames = writer.write(name, value)
             assert frames == [] and desc.channel == "shm" and desc.segment.startswith(owner)
-            desc = decode(encode(RequestChunk(rid="r", edge="e", payloads=[desc]))).payloads[0]
+            desc = decode(encode(RequestChunk(rid="r", edge=0, payloads=[desc]))).payloads[0]
             got = reader.read(desc, frames)
             assert _same(got, value), name
             if desc.nbytes:
@@ -134,7 +134,7 @@ def test_round_trip_across_a_spawned_process(owner):
         samples = _samples()
         for _ in range(2):  # the second batch reuses the slots the first one freed
             descs = [writer.write(name, value)[0] for name, value in samples.items()]
-            parent.send_bytes(encode(RequestChunk(rid="r", edge="e", payloads=descs)))
+            parent.send_bytes(encode(RequestChunk(rid="r", edge=0, payloads=descs)))
             assert parent.poll(60), "child did not answer"
             for name, digest, shape, _dtype in parent.recv():
                 assert digest == _digest(samples[name]), name

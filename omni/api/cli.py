@@ -199,7 +199,7 @@ def load_model(args: argparse.Namespace):
         if overrides:
             apply_overrides(graph, overrides)
         if args.gpus:
-            from omni.kernel.placement import parse_gpus, place
+            from omni.placement import parse_gpus, place
 
             pinned = {name for name, fields in overrides.items() if {"device", "devices"} & set(fields)}
             place(graph, parse_gpus(args.gpus), keep=pinned)
@@ -284,7 +284,7 @@ def _say(text: str) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    from omni.kernel.gpu_env import keep_multicast_off
+    from omni.gpu_env import keep_multicast_off
 
     keep_multicast_off()  # every process the server starts inherits it
     check_port_free(args.host, args.port)

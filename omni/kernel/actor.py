@@ -11,50 +11,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from omni.kernel import messages as m
 from omni.kernel.bus import Mailbox, Outbox
-from omni.kernel.channels import ChannelFull, is_array, load_channel
-from omni.kernel.driver import StageDriver
+from omni.kernel.channels import ChannelFull, Readers, channel_of, is_array, load_channel
+from omni.kernel.driver import Chunk, End, Open, StageDriver
 from omni.kernel.errors import PayloadTooLarge
 from omni.kernel.graph import OUT, EdgeSpec, Graph
-from omni.kernel.routing import inputs_expected
-from omni.kernel.rundir import actor_name, endpoint, shm_owner
+from omni.kernel.routing import inputs_expected, replica_of
+from omni.kernel.rundir import KERNEL, actor_name, endpoint, shm_owner
 from omni.kernel.stage import Emit
 
 log = logging.getLogger("omni.actor")
 
-KERNEL = "kernel"
 INLINE_MAX_BYTES = 16 << 10  # smaller arrays ride as zmq frames whatever the edge's channel
 HEARTBEAT_S = 0.5
 
 
-def pick_replica(rid: str, replicas: int) -> int:
-    """A request keeps one replica per stage: stable, no coordination needed."""
-    return zlib.crc32(rid.encode()) % replicas if replicas > 1 else 0
-
-
-def edge_channel(graph: Graph, edge: EdgeSpec) -> str:
-    """The channel an edge uses: forced by the graph, else chosen from placement."""
-    if edge.channel != "auto":
-        return edge.channel
-    if edge.dst == OUT:
-        return "inline"
-    src, dst = graph.stage(edge.src), graph.stage(edge.dst)
-    if all(d.startswith("cuda") for d in src.all_devices() + dst.all_devices()):
-        return "cuda_ipc"
-    return "shm"
-
-
 @dataclass
-class _PeerLink:
+class _Link:
     """Producer-side state of one (edge, consumer replica): credits and slots not yet returned."""
 
     credits: int
@@ -66,104 +46,83 @@ class Actor:
         self.graph = graph
         self.spec = graph.stage(stage)
         self.replica = replica
-        self.run_dir = run_dir
-        self.instance = instance
         self.name = actor_name(stage, replica)
         self.endpoint = endpoint(run_dir, self.name)
-        self.out_edges = graph.outgoing(stage)
-        self.in_edges = graph.incoming(stage)
-        self.driver = StageDriver(graph, self.spec, replica, run_dir, n_inputs=max(1, len(self.in_edges)))
         self.outbox = Outbox(lambda peer: endpoint(run_dir, peer), self.name)
-        self._links: dict[tuple[str, str], _PeerLink] = {}
+        self.driver = StageDriver(graph, stage, replica)
+        self.out_edges = graph.outgoing(stage)
+        self.readers = Readers(graph.stage(stage).device_of(replica))
+        self._writers: dict[str, Any] = {}
+        self._owner = shm_owner(instance, stage, replica)
+        self._links: dict[tuple[int, str], _Link] = {}
         self._credit_event = asyncio.Event()
         self._wake = asyncio.Event()
-        self._writers: dict[str, Any] = {}
-        self._readers: dict[str, Any] = {}
-        self._opened: dict[str, dict[str, Any]] = {}  # rid -> params, for requests seen here
-        self._skips: dict[str, set[str]] = {}  # rid -> stages it skips (routing.py), when any
-        self._final_buffers: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self._opened: dict[str, set[str]] = {}  # rid -> the stages it skips, for the requests open here
+        self._final_buffers: dict[tuple[str, int], list[dict[str, Any]]] = {}  # (rid, edge id) -> data
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"compute-{self.name}")
         self._stopping = asyncio.Event()
-        self.dropped = 0  # malformed or unknown messages
+        self._main_task: asyncio.Task | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------
 
-    async def run(self, ready_extra: dict[str, Any] | None = None) -> None:
+    async def run(self) -> None:
         """Bind, set the stage up, report ready, then serve until shutdown."""
-        self.mailbox = Mailbox(self.endpoint, self._on_frames, self.name)
+        self.mailbox = Mailbox(self.endpoint, self._dispatch, self.name)
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._pool, self.driver.setup)
         except Exception as exc:
             log.exception("stage %s failed to set up", self.name)
-            self._send(KERNEL, m.ActorFailed(self.spec.name, self.replica, _pid(), f"{type(exc).__name__}: {exc}"))
+            self._send(KERNEL, m.ActorFailed(self.spec.name, self.replica, f"{type(exc).__name__}: {exc}"))
             await asyncio.sleep(0.1)
             self.close()
             return
         self.mailbox.start()
-        self._send(KERNEL, m.ActorReady(self.spec.name, self.replica, _pid(), self.endpoint, ready_extra or {}))
-        tasks = [asyncio.create_task(self._heartbeat_loop())]
+        self._send(KERNEL, m.ActorReady(self.spec.name, self.replica, os.getpid()))
+        heartbeat = asyncio.create_task(self._heartbeat_loop())
         self._main_task = asyncio.create_task(self._main_loop())
         try:
             await self._main_task
         except asyncio.CancelledError:
             pass  # stop() cancels a loop that may be blocked sending to a peer that is gone
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
             await loop.run_in_executor(self._pool, self.driver.teardown)
             self.close()
 
     def stop(self) -> None:
         self._stopping.set()
         self._wake.set()
-        task = getattr(self, "_main_task", None)
-        if task is not None:
-            task.cancel()
+        if self._main_task is not None:
+            self._main_task.cancel()
 
     def close(self) -> None:
         for writer in self._writers.values():
             writer.close()
-        for reader in self._readers.values():
-            reader.close()
+        self.readers.close()
         self.outbox.close()
         self.mailbox.close()
         self._pool.shutdown(wait=False)
 
     # ---- inbound --------------------------------------------------------------------------
 
-    def _on_frames(self, frames: list[Any]) -> None:
-        try:
-            msg = m.decode(frames[0].buffer)
-            self._dispatch(msg, frames[1:])
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self.dropped += 1
-            log.warning("%s dropped a malformed message: %s", self.name, exc)
-        except Exception:
-            self.dropped += 1
-            log.exception("%s failed to handle a message; dropped", self.name)
-
     def _dispatch(self, msg: m.AnyMsg, frames: list[Any]) -> None:
         match msg:
             case m.RequestOpen():
                 if self.driver.is_dead(msg.rid) or msg.rid in self._opened:
                     return
-                self._opened[msg.rid] = msg.params
-                if msg.skip:
-                    self._skips[msg.rid] = set(msg.skip)
-                inputs = inputs_expected(self.graph, self.spec.name, msg.skip) if msg.skip else None
-                self.driver.post_open(msg.rid, msg.params, inputs)
-                for edge in self._edges_of(msg.rid):
-                    if edge.dst != OUT:
-                        self._send_to_edge(edge, msg.rid, m.RequestOpen(msg.rid, msg.params, msg.deadline, edge.id,
-                                                                        msg.skip))
+                self._opened[msg.rid] = set(msg.skip)
+                self.driver.post(Open(msg.rid, msg.params, inputs_expected(self.graph, self.spec.name, msg.skip)))
+                for dst in {e.dst for e in self._edges_of(msg.rid).values()} - {OUT}:
+                    self._send(replica_of(self.graph, dst, msg.rid), msg)
             case m.RequestChunk():
-                data = self._read_payloads(msg, frames)
-                credit = (msg.edge, self._producer_of(msg.edge, msg.rid), [self._reader_token(d) for d in msg.payloads])
-                self.driver.post_chunk(msg.rid, self._dst_port(msg.edge), data, credit)
+                edge = self.graph.edges[msg.edge]
+                data, tokens = self.readers.read(msg, frames)
+                producer = replica_of(self.graph, edge.src, msg.rid)
+                self.driver.post(Chunk(msg.rid, edge.dst_port, data, msg.edge, producer, tokens))
             case m.RequestEnd():
-                self.driver.post_end(msg.rid, msg.edge)
+                self.driver.post(End(msg.rid, msg.edge))
             case m.RequestCancel():
                 self.driver.post_cancel(msg.rid)
                 self._forget(msg.rid)
@@ -172,137 +131,94 @@ class Actor:
             case m.StatsQuery():
                 self._send(KERNEL, m.StatsReply(msg.token, self.spec.name, self.replica, self.stats()))
             case m.PeerUpdate():
-                self._reset_peer(msg.stage, msg.replica)
+                self._reset_peer(actor_name(msg.stage, msg.replica))
             case m.ActorShutdown():
                 self.stop()
             case _:
-                self.dropped += 1
+                self.mailbox.dropped += 1
                 log.warning("%s dropped an unexpected %s", self.name, type(msg).__name__)
         self._wake.set()
 
-    def _read_payloads(self, msg: m.RequestChunk, frames: list[Any]) -> dict[str, Any]:
-        data = dict(msg.meta)
-        for desc in msg.payloads:
-            data[desc.name] = self._reader(desc.channel).read(desc, frames)
-        return data
-
-    def _reader(self, channel: str) -> Any:
-        if channel not in self._readers:
-            reader = self._readers[channel] = load_channel(channel).reader()
-            if hasattr(reader, "device"):  # cuda_ipc: tensors of another GPU's pool are copied here
-                reader.device = self.spec.device_of(self.replica)
-            if hasattr(reader, "fence"):
-                self.driver.fence = reader.fence
-        return self._readers[channel]
-
-    def _reader_token(self, desc: m.PayloadDesc) -> int:
-        token = self._reader(desc.channel).token(desc)
-        return -1 if token is None else token
-
-    def _producer_of(self, edge_id: str, rid: str) -> str:
-        src = edge_id.split(".", 1)[0]
-        if src == "$in":
-            return KERNEL
-        return actor_name(src, pick_replica(rid, self.graph.stage(src).replicas))
-
-    def _dst_port(self, edge_id: str) -> str:
-        return edge_id.rsplit(".", 1)[-1]
-
     # ---- credits ----------------------------------------------------------------------------
 
-    def _link(self, edge: EdgeSpec, peer: str) -> _PeerLink:
-        key = (edge.id, peer)
-        if key not in self._links:
-            credits = 1 << 30 if edge.dst == OUT else self.graph.stage(edge.dst).credits
-            self._links[key] = _PeerLink(credits)
-        return self._links[key]
+    def _link(self, edge_id: int, peer: str) -> _Link:
+        if (edge_id, peer) not in self._links:
+            edge = self.graph.edges[edge_id]
+            self._links[edge_id, peer] = _Link(1 << 30 if edge.dst == OUT else self.graph.stage(edge.dst).credits)
+        return self._links[edge_id, peer]
 
     def _on_credit(self, msg: m.EdgeCredit) -> None:
-        edge = next((e for e in self.out_edges if e.id == msg.edge), None)
-        if edge is None:
-            return
         link = self._links.get((msg.edge, msg.consumer))
         if link is None:
             return
         for token in msg.tokens:
             if token in link.outstanding:
                 link.outstanding.remove(token)
-                self._writer(edge_channel(self.graph, edge)).free(token)
-        link.credits += msg.n
+                self._free(msg.edge, token)
+        link.credits += 1
         self._credit_event.set()
 
-    def _reset_peer(self, stage: str, replica: int) -> None:
+    def _reset_peer(self, peer: str) -> None:
         """A downstream replica restarted: forget what it held and talk to the new process."""
-        peer = actor_name(stage, replica)
         self.outbox.reset(peer)
-        for (edge_id, link_peer), link in list(self._links.items()):
-            if link_peer == peer:
-                edge = next(e for e in self.out_edges if e.id == edge_id)
-                writer = self._writer(edge_channel(self.graph, edge))
-                for token in link.outstanding:
-                    writer.free(token)
-                del self._links[(edge_id, link_peer)]
+        for edge_id, link_peer in [key for key in self._links if key[1] == peer]:
+            for token in self._links.pop((edge_id, link_peer)).outstanding:
+                self._free(edge_id, token)
         self._credit_event.set()
+
+    def _free(self, edge_id: int, token: int) -> None:
+        """Take back a payload slot of `edge_id` (its consumer credited it, or is gone)."""
+        self._writer(channel_of(self.graph, self.graph.edges[edge_id])).free(token)
 
     # ---- outbound ---------------------------------------------------------------------------
 
     def _writer(self, channel: str) -> Any:
         if channel not in self._writers:
-            owner = shm_owner(self.instance, self.spec.name, self.replica)
-            self._writers[channel] = load_channel(channel).writer(owner, self.spec.arena_bytes)
+            self._writers[channel] = load_channel(channel).writer(self._owner, self.spec.arena_bytes)
         return self._writers[channel]
 
     def _send(self, peer: str, msg: m.Msg, frames: list[Any] | None = None) -> bool:
         return self.outbox.send(peer, msg, frames)
 
-    def _edge_peer(self, edge: EdgeSpec, rid: str) -> str:
-        if edge.dst == OUT:
-            return KERNEL
-        return actor_name(edge.dst, pick_replica(rid, self.graph.stage(edge.dst).replicas))
+    def _peer(self, edge: EdgeSpec, rid: str) -> str:
+        return KERNEL if edge.dst == OUT else replica_of(self.graph, edge.dst, rid)
 
-    def _send_to_edge(self, edge: EdgeSpec, rid: str, msg: m.Msg) -> None:
-        self._send(self._edge_peer(edge, rid), msg)
-
-    async def _send_chunk(self, edge: EdgeSpec, rid: str, data: dict[str, Any], seq: int) -> None:
-        peer = self._edge_peer(edge, rid)
-        link = self._link(edge, peer)
-        while link.credits <= 0:
+    async def _send_chunk(self, edge_id: int, rid: str, data: dict[str, Any]) -> None:
+        edge = self.graph.edges[edge_id]
+        peer = self._peer(edge, rid)
+        while (link := self._link(edge_id, peer)).credits <= 0:
             self._credit_event.clear()
             await self._credit_event.wait()
-            link = self._link(edge, peer)
         meta: dict[str, Any] = {}
         payloads: list[m.PayloadDesc] = []
         frames: list[Any] = []
-        tokens: list[int] = []
         try:
             for key, value in data.items():
                 if not is_array(value):
                     meta[key] = value
                     continue
-                desc, extra = await self._write_array(edge, key, value, link)
+                desc, extra = await self._write_array(edge, key, value)
                 if desc.channel == "inline":
                     desc.frame = len(frames)
                     frames.extend(extra)
-                else:
-                    tokens.append(self._reader_token(desc))
                 payloads.append(desc)
         except BaseException:  # e.g. one array too large for the arena: the chunk's other slots come back
             self._free_slots(payloads)
             raise
-        if self._send(peer, m.RequestChunk(rid, edge.id, meta, payloads, seq), frames):
+        if self._send(peer, m.RequestChunk(rid, edge_id, meta, payloads), frames):
             link.credits -= 1
-            link.outstanding.extend(tokens)
+            link.outstanding.extend(t for t in map(self.readers.token, payloads) if t is not None)
         else:  # the consumer is gone: its slots come back now, the supervisor fails the request
             self._free_slots(payloads)
 
     def _free_slots(self, payloads: list[m.PayloadDesc]) -> None:
         for desc in payloads:
-            token = self._reader_token(desc)
-            if token >= 0:
+            token = self.readers.token(desc)
+            if token is not None:
                 self._writer(desc.channel).free(token)
 
-    async def _write_array(self, edge: EdgeSpec, key: str, value: Any, link: _PeerLink) -> tuple[m.PayloadDesc, list[Any]]:
-        channel = edge_channel(self.graph, edge)
+    async def _write_array(self, edge: EdgeSpec, key: str, value: Any) -> tuple[m.PayloadDesc, list[Any]]:
+        channel = channel_of(self.graph, edge)
         nbytes = getattr(value, "nbytes", None)
         if nbytes is None and hasattr(value, "element_size"):
             nbytes = value.element_size() * value.numel()
@@ -313,10 +229,10 @@ class Actor:
             try:
                 return writer.write(key, value)
             except PayloadTooLarge as exc:
-                raise PayloadTooLarge(f"stage {self.spec.name} cannot send {key!r} ({nbytes} bytes) on {edge.id}: "
+                raise PayloadTooLarge(f"stage {self.spec.name} cannot send {key!r} ({nbytes} bytes) on {edge}: "
                                       f"{exc}") from None
             except ChannelFull:
-                if not any(lk.outstanding for lk in self._links.values()):
+                if not any(link.outstanding for link in self._links.values()):
                     raise
                 self._credit_event.clear()
                 await self._credit_event.wait()
@@ -345,30 +261,28 @@ class Actor:
             return
         edges = self._edges_of(rid)
         if emit.data is not None:
-            seq = self.driver.next_seq(rid)
-            for edge in edges:  # output for a stage the request skips is dropped here
+            for edge_id, edge in edges.items():  # output for a stage the request skips is dropped here
                 if edge.port != emit.port:
                     continue
                 if edge.mode == "final":
-                    self._final_buffers.setdefault((rid, edge.id), []).append(emit.data)
+                    self._final_buffers.setdefault((rid, edge_id), []).append(emit.data)
                 else:
-                    await self._send_chunk(edge, rid, emit.data, seq)
+                    await self._send_chunk(edge_id, rid, emit.data)
         if emit.finish:
-            for edge in edges:
-                for i, data in enumerate(self._final_buffers.pop((rid, edge.id), [])):
-                    await self._send_chunk(edge, rid, data, i)
-                self._send_to_edge(edge, rid, m.RequestEnd(rid, edge.id, emit.end_meta or {}))
+            for edge_id, edge in edges.items():
+                for data in self._final_buffers.pop((rid, edge_id), []):
+                    await self._send_chunk(edge_id, rid, data)
+                self._send(self._peer(edge, rid), m.RequestEnd(rid, edge_id, emit.end_meta or {}))
             self._forget(rid)
-            self._send(KERNEL, m.RequestLeft(rid, self.spec.name, self.replica))
+            self._send(KERNEL, m.RequestLeft(rid, self.spec.name))
 
-    def _edges_of(self, rid: str) -> list[EdgeSpec]:
+    def _edges_of(self, rid: str) -> dict[int, EdgeSpec]:
         """The outgoing edges this request uses (none into a stage it skips)."""
-        skip = self._skips.get(rid)
-        return [e for e in self.out_edges if e.dst not in skip] if skip else self.out_edges
+        skip = self._opened.get(rid)
+        return {i: e for i, e in self.out_edges.items() if e.dst not in skip} if skip else self.out_edges
 
     def _forget(self, rid: str) -> None:
         self._opened.pop(rid, None)
-        self._skips.pop(rid, None)
         for key in [k for k in self._final_buffers if k[0] == rid]:
             del self._final_buffers[key]
 
@@ -382,11 +296,19 @@ class Actor:
                 if not self.driver.wants_step():
                     await self._wake.wait()
                     continue
-            emits, credits = await loop.run_in_executor(self._pool, self.driver.run_once)
-            for edge_id, producer, tokens in credits:
-                self._send(producer, m.EdgeCredit(edge_id, 1, [t for t in tokens if t >= 0], self.name))
+            emits, taken = await loop.run_in_executor(self._pool, self._step)
+            for chunk in taken:
+                self._send(chunk.producer, m.EdgeCredit(chunk.edge, self.name, chunk.tokens))
             for emit in emits:
                 await self._emit(emit)
+
+    def _step(self) -> tuple[list[Emit], list[Chunk]]:
+        """One round of the driver, in the compute thread; GPU reads of the chunks it took finish
+        before their slots go back."""
+        emits, taken = self.driver.run_once()
+        if taken and self.readers.fence is not None:
+            self.readers.fence()
+        return emits, taken
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -394,14 +316,4 @@ class Actor:
             await asyncio.sleep(HEARTBEAT_S)
 
     def stats(self) -> dict[str, Any]:
-        stats = dict(self.driver.last_stats)
-        stats.update(self.driver.counters())
-        stats["dropped_messages"] = self.dropped
-        stats["time"] = time.time()
-        return stats
-
-
-def _pid() -> int:
-    import os
-
-    return os.getpid()
+        return {**self.driver.stats(), "dropped_messages": self.mailbox.dropped, "time": time.time()}

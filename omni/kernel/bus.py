@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import Any, Callable
 
+import msgspec
 import zmq
 
 from omni.kernel import messages as m
@@ -20,16 +21,14 @@ from omni.kernel import messages as m
 log = logging.getLogger("omni.bus")
 
 
-def context() -> zmq.Context:
-    return zmq.Context.instance()
-
-
 class Mailbox:
-    """One bound PULL socket; `handler(frames)` runs on the loop for every message."""
+    """One bound PULL socket; `handler(msg, extra_frames)` runs on the loop for every message. A
+    malformed message, or one the handler raises on, is dropped (and counted)."""
 
-    def __init__(self, address: str, handler: Callable[[list[Any]], None], name: str) -> None:
+    def __init__(self, address: str, handler: Callable[[m.AnyMsg, list[Any]], None], name: str) -> None:
         self.name = name
-        self.sock = context().socket(zmq.PULL)
+        self.dropped = 0
+        self.sock = zmq.Context.instance().socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.bind(address)
@@ -46,13 +45,15 @@ class Mailbox:
         while not sock.closed:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            except zmq.ZMQError:
+            except zmq.ZMQError:  # zmq.Again: nothing more to read now
                 return
             try:
-                self._handler(frames)
+                self._handler(m.decode(frames[0].buffer), frames[1:])
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                self.dropped += 1
+                log.warning("%s dropped a malformed message: %s", self.name, exc)
             except Exception:
+                self.dropped += 1
                 log.exception("%s failed to handle a message; dropped", self.name)
 
     def close(self) -> None:
@@ -71,12 +72,11 @@ class Outbox:
         self.name = name
         self._address_of = address_of
         self._peers: dict[str, zmq.Socket] = {}
-        self.dropped = 0
 
     def _socket(self, peer: str) -> zmq.Socket:
         sock = self._peers.get(peer)
         if sock is None:
-            sock = context().socket(zmq.PUSH)
+            sock = zmq.Context.instance().socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 0)  # bounded by credits and admission, not by zmq
             sock.connect(self._address_of(peer))
@@ -88,7 +88,6 @@ class Outbox:
             self._socket(peer).send_multipart([m.encode(msg), *(frames or [])], zmq.NOBLOCK, copy=False)
             return True
         except zmq.ZMQError as exc:  # zmq.Again: no pipe to the peer, it is gone
-            self.dropped += 1
             log.warning("%s dropped a %s for %s: %s", self.name, type(msg).__name__, peer, exc)
             return False
 

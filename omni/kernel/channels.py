@@ -1,4 +1,5 @@
-"""The payload-channel contract the actor speaks, and the lookup of channels by name.
+"""The payload-channel contract the actor speaks, the lookup of channels by name, and the choice
+of a channel per edge.
 
 Channels live in `omni.transport` (a higher layer that may import torch); the kernel only
 knows this contract and loads an implementation by name, like a plugin.
@@ -7,32 +8,17 @@ Producer side: `writer.write(name, array) -> (PayloadDesc, frames)` places one a
 (raising `ChannelFull` when its arena has no room: the actor then waits for credits) and
 `writer.free(token)` takes a slot back when the consumer's credit names it.
 Consumer side: `reader.read(desc, frames) -> array` gives a view that stays valid until
-the consumer returns `reader.token(desc)` in a credit.
+the consumer returns `reader.token(desc)` in a credit; a reader may have `fence()`, which the
+consumer's compute thread calls before it returns credits (GPU reads must finish first).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Protocol
+from typing import Any
 
-from omni.kernel.messages import PayloadDesc
-
-
-class ChannelFull(Exception):
-    """The producer's arena has no room now; retry after a credit frees slots."""
-
-
-class ChannelWriter(Protocol):
-    def write(self, name: str, array: Any) -> tuple[PayloadDesc, list[Any]]: ...
-    def free(self, token: int) -> None: ...
-    def close(self) -> None: ...
-
-
-class ChannelReader(Protocol):
-    def read(self, desc: PayloadDesc, frames: list[Any]) -> Any: ...
-    def token(self, desc: PayloadDesc) -> int | None: ...
-    def close(self) -> None: ...
-
+from omni.kernel.graph import OUT, EdgeSpec, Graph
+from omni.kernel.messages import PayloadDesc, RequestChunk
 
 CHANNELS: dict[str, str] = {
     "inline": "omni.transport.inline:InlineChannel",
@@ -40,37 +26,86 @@ CHANNELS: dict[str, str] = {
     "cuda_ipc": "omni.transport.cuda_ipc:CudaIpcChannel",
 }
 
-
-# Per-channel clean-up of what a dead process leaves outside its owner prefix (CUDA driver files).
+# What a process that exited leaves in /dev/shm: the segments of every channel, named by their
+# owner's prefix, and for some channels files named by its pid (the CUDA driver's).
+UNLINK_OWNED = "omni.transport.shm:unlink_prefix"
 PROCESS_CLEANUP: dict[str, str] = {
     "cuda_ipc": "omni.transport.cuda_ipc:unlink_process_leftovers",
 }
 
 
-def cleanup_dead_process(channels: set[str], pid: int) -> None:
-    """Run the clean-up hook of every channel in use for a process that has exited."""
-    for name in channels & set(PROCESS_CLEANUP):
-        module, _, attr = PROCESS_CLEANUP[name].partition(":")
-        try:
-            getattr(importlib.import_module(module), attr)(pid)
-        except Exception:  # clean-up is best effort; never let it break supervision
-            pass
+class ChannelFull(Exception):
+    """The producer's arena has no room now; retry after a credit frees slots."""
 
 
 def load_channel(name: str) -> Any:
     """Return the channel class registered under `name` (it has `writer(...)` and `reader()`)."""
     try:
-        target = CHANNELS[name]
+        module, _, attr = CHANNELS[name].partition(":")
     except KeyError:
         raise ValueError(f"unknown payload channel {name!r}; known: {sorted(CHANNELS)}") from None
-    module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def channel_of(graph: Graph, edge: EdgeSpec) -> str:
+    """The channel an edge uses: forced by the graph, else chosen from placement."""
+    if edge.channel != "auto":
+        return edge.channel
+    if edge.dst == OUT:
+        return "inline"
+    if all(d.startswith("cuda") for d in graph.stage(edge.src).all_devices() + graph.stage(edge.dst).all_devices()):
+        return "cuda_ipc"
+    return "shm"
+
+
+def release_leftovers(graph: Graph, owner: str, pid: int = 0) -> None:
+    """Remove what exited processes left in /dev/shm: the segments named `owner...` and, for the
+    process `pid`, the files that channels of the graph leave named by its pid. Best effort: it
+    never breaks supervision."""
+    calls = [(UNLINK_OWNED, owner)]
+    if pid:
+        calls += [(PROCESS_CLEANUP[c], pid) for c in {channel_of(graph, e) for e in graph.edges} & set(PROCESS_CLEANUP)]
+    for target, arg in calls:
+        module, _, attr = target.partition(":")
+        try:
+            getattr(importlib.import_module(module), attr)(arg)
+        except Exception:
+            pass
 
 
 def is_array(value: Any) -> bool:
     """True for numpy arrays and tensors (anything with an array interface), without torch."""
-    return (
-        hasattr(value, "__array_interface__")
-        or hasattr(value, "__cuda_array_interface__")
-        or type(value).__module__.startswith("torch")
-    )
+    return (hasattr(value, "__array_interface__") or hasattr(value, "__cuda_array_interface__")
+            or type(value).__module__.startswith("torch"))
+
+
+class Readers:
+    """The consumer side of every channel one process reads from, each opened on first use."""
+
+    def __init__(self, device: str | None = None) -> None:
+        self._open: dict[str, Any] = {}
+        self.fence: Any = None  # the fence of a reader that has one (cuda_ipc)
+        self.device = device  # this replica's device: cuda_ipc copies tensors of another GPU's pool there
+
+    def get(self, channel: str) -> Any:
+        if channel not in self._open:
+            reader = self._open[channel] = load_channel(channel).reader()
+            if hasattr(reader, "device"):
+                reader.device = self.device
+            self.fence = getattr(reader, "fence", self.fence)
+        return self._open[channel]
+
+    def token(self, desc: PayloadDesc) -> int | None:
+        """The slot `desc` holds in its producer's arena (None: it holds none, e.g. inline)."""
+        return self.get(desc.channel).token(desc)
+
+    def read(self, msg: RequestChunk, frames: list[Any]) -> tuple[dict[str, Any], list[int]]:
+        """A chunk's values (arrays as views into the channel) and the slot tokens to credit back."""
+        data = dict(msg.meta)
+        for desc in msg.payloads:
+            data[desc.name] = self.get(desc.channel).read(desc, frames)
+        return data, [t for t in map(self.token, msg.payloads) if t is not None]
+
+    def close(self) -> None:
+        for reader in self._open.values():
+            reader.close()

@@ -71,22 +71,9 @@ class BackendUnavailable(OmniError):
     kind = "backend_unavailable"
 
 
-_BY_KIND = {
-    cls.kind: cls
-    for cls in (
-        OmniError,
-        GraphError,
-        Overloaded,
-        InvalidRequest,
-        PayloadTooLarge,
-        RequestCancelled,
-        DeadlineExceeded,
-        StageFailed,
-        StageDown,
-        KernelClosed,
-        BackendUnavailable,
-    )
-}
+_BY_KIND = {cls.kind: cls for cls in (OmniError, GraphError, Overloaded, InvalidRequest, PayloadTooLarge,
+                                      RequestCancelled, DeadlineExceeded, StageFailed, StageDown, KernelClosed,
+                                      BackendUnavailable)}
 
 
 def error_from_kind(kind: str, message: str) -> OmniError:

@@ -57,13 +57,17 @@ class EdgeSpec:
     mode: str = "stream"  # "stream" | "final"
     channel: str = "auto"  # "auto" | "inline" | "shm" | "cuda_ipc"
 
-    @property
-    def id(self) -> str:
-        return f"{self.src}.{self.port}->{self.dst}.{self.dst_port or self.port}"
+    def __post_init__(self) -> None:
+        self.dst_port = self.dst_port or self.port
+
+    def __str__(self) -> str:
+        return f"{self.src}.{self.port}->{self.dst}.{self.dst_port}"
 
 
 @dataclass
 class Graph:
+    """Stages and the edges between them; an edge's id is its index in `edges`."""
+
     name: str
     stages: list[StageSpec]
     edges: list[EdgeSpec]
@@ -73,9 +77,6 @@ class Graph:
     def __post_init__(self) -> None:
         if not self.entry and self.stages:
             self.entry = self.stages[0].name
-        for edge in self.edges:
-            if not edge.dst_port:
-                edge.dst_port = edge.port
 
     def stage(self, name: str) -> StageSpec:
         for spec in self.stages:
@@ -83,14 +84,14 @@ class Graph:
                 return spec
         raise GraphError(f"unknown stage {name!r}; stages: {[s.name for s in self.stages]}")
 
-    def outgoing(self, name: str) -> list[EdgeSpec]:
-        return [e for e in self.edges if e.src == name]
+    def outgoing(self, name: str) -> dict[int, EdgeSpec]:
+        return {i: e for i, e in enumerate(self.edges) if e.src == name}
 
-    def incoming(self, name: str) -> list[EdgeSpec]:
-        return [e for e in self.edges if e.dst == name]
+    def incoming(self, name: str) -> dict[int, EdgeSpec]:
+        return {i: e for i, e in enumerate(self.edges) if e.dst == name}
 
-    def exits(self) -> list[EdgeSpec]:
-        return [e for e in self.edges if e.dst == OUT]
+    def exits(self) -> dict[int, EdgeSpec]:
+        return self.incoming(OUT)
 
     def validate(self) -> None:
         names = [s.name for s in self.stages]
@@ -101,9 +102,9 @@ class Graph:
         for edge in self.edges:
             for end in (edge.src, edge.dst):
                 if end != OUT and end not in names:
-                    raise GraphError(f"edge {edge.id} names unknown stage {end!r}")
+                    raise GraphError(f"edge {edge} names unknown stage {end!r}")
             if edge.mode not in ("stream", "final"):
-                raise GraphError(f"edge {edge.id}: mode must be 'stream' or 'final', not {edge.mode!r}")
+                raise GraphError(f"edge {edge}: mode must be 'stream' or 'final', not {edge.mode!r}")
         if not self.exits():
             raise GraphError(f"graph {self.name!r} has no edge into {OUT!r}: requests could never end")
         for spec in self.stages:

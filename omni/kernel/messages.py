@@ -1,8 +1,9 @@
 """Every message of the control bus, as one msgspec tagged union.
 
-Bulk data never rides inside a message: a `Chunk` carries `PayloadDesc` handles and the
-bytes travel as extra zmq frames (inline) or stay in a shared arena (shm, cuda_ipc).
-New fields are appended with defaults so old peers still decode.
+Bulk data never rides inside a message: a `RequestChunk` carries `PayloadDesc` handles and the
+bytes travel as extra zmq frames (inline) or stay in a shared arena (shm, cuda_ipc). An edge is
+named by its id, its index in `Graph.edges`. New fields are appended with defaults so old peers
+still decode.
 """
 
 from __future__ import annotations
@@ -31,12 +32,10 @@ class Msg(msgspec.Struct, tag_field="op", tag=str.lower, omit_defaults=True):
 
 
 class RequestOpen(Msg, gc=False):
-    """A request starts on an edge; `params` are the request's parameters, whole."""
+    """A request starts; `params` are the request's parameters, whole."""
 
     rid: str
     params: dict[str, Any] = {}
-    deadline: float = 0.0  # unix time; 0 = none
-    edge: str = ""
     skip: list[str] = []  # stages this request never enters (routing.py): no edge into them opens
 
 
@@ -44,17 +43,16 @@ class RequestChunk(Msg, gc=False):
     """One item of a request's stream on an edge: small values in `meta`, arrays by handle."""
 
     rid: str
-    edge: str
+    edge: int
     meta: dict[str, Any] = {}
     payloads: list[PayloadDesc] = []
-    seq: int = 0
 
 
 class RequestEnd(Msg, gc=False):
-    """The request's stream on `edge` is complete."""
+    """The request's stream on `edge` is complete (-1: the client's, into the entry stage)."""
 
     rid: str
-    edge: str
+    edge: int
     meta: dict[str, Any] = {}
 
 
@@ -73,31 +71,28 @@ class RequestLeft(Msg, gc=False):
 
     rid: str
     stage: str
-    replica: int = 0
 
 
 class RequestCancel(Msg, gc=False):
     """Free every piece of state held for `rid`."""
 
     rid: str
-    reason: str = "cancelled"
 
 
 class EdgeCredit(Msg, gc=False):
-    """The consumer of `edge` took `n` chunks; `tokens` name the payload slots it frees."""
+    """The `consumer` replica took one chunk of `edge`; `tokens` name the payload slots it frees."""
 
-    edge: str
-    n: int = 1
+    edge: int
+    consumer: str
     tokens: list[int] = []
-    consumer: str = ""  # actor name of the consumer replica that returns the credit
 
 
 class ActorReady(Msg):
+    """A replica is set up and serving."""
+
     stage: str
     replica: int
     pid: int
-    endpoint: str
-    info: dict[str, Any] = {}
 
 
 class ActorFailed(Msg):
@@ -105,11 +100,12 @@ class ActorFailed(Msg):
 
     stage: str
     replica: int
-    pid: int
     error: str
 
 
 class ActorHeartbeat(Msg, gc=False):
+    """Every half second; a replica that stops sending them is killed as stalled."""
+
     stage: str
     replica: int
     stats: dict[str, Any] = {}
@@ -127,32 +123,19 @@ class StatsReply(Msg):
 
 
 class PeerUpdate(Msg):
-    """The kernel tells an actor where a (re)started downstream replica listens."""
+    """A downstream replica restarted: forget what it held and reconnect to it."""
 
     stage: str
     replica: int
-    endpoint: str
 
 
 class ActorShutdown(Msg):
-    reason: str = ""
+    """Finish cleanly: the kernel is stopping."""
 
 
 AnyMsg = Union[
-    RequestOpen,
-    RequestChunk,
-    RequestEnd,
-    RequestError,
-    RequestLeft,
-    RequestCancel,
-    EdgeCredit,
-    ActorReady,
-    ActorFailed,
-    ActorHeartbeat,
-    StatsQuery,
-    StatsReply,
-    PeerUpdate,
-    ActorShutdown,
+    RequestOpen, RequestChunk, RequestEnd, RequestError, RequestLeft, RequestCancel, EdgeCredit,
+    ActorReady, ActorFailed, ActorHeartbeat, StatsQuery, StatsReply, PeerUpdate, ActorShutdown,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -19,72 +20,60 @@ from typing import Any
 PR_SET_PDEATHSIG = 1
 
 
-def _ask_for_parent_death_signal() -> None:
-    """Linux: deliver SIGTERM to this process when its parent dies."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-
-
-async def _watch_parent(actor: Any, parent_pid: int) -> None:
-    while True:
-        if os.getppid() != parent_pid:
-            logging.getLogger("omni.proc").warning("%s: parent %d is gone; shutting down", actor.name, parent_pid)
-            actor.stop()
-            return
-        await asyncio.sleep(0.5)
-
-
 async def _serve(config: dict[str, Any]) -> None:
+    # imported here, once the config's environment is set
     from omni.kernel.actor import Actor
+    from omni.kernel.channels import release_leftovers
     from omni.kernel.graph import Graph
-    from omni.kernel.rundir import actor_name, remove_socket, shm_owner, unlink_shm_prefix
+    from omni.kernel.rundir import KERNEL, remove_socket, shm_owner
 
     graph = Graph.from_dict(config["graph"])
-    actor = Actor(graph, config["stage"], config["replica"], config["run_dir"], config["instance"])
+    stage, replica, run_dir = config["stage"], config["replica"], config["run_dir"]
+    actor = Actor(graph, stage, replica, run_dir, config["instance"])
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, actor.stop)
     watcher = asyncio.create_task(_watch_parent(actor, config["parent_pid"]))
     try:
-        await actor.run({"pid": os.getpid()})
+        await actor.run()
     finally:
         watcher.cancel()
-        unlink_shm_prefix(shm_owner(config["instance"], config["stage"], config["replica"]))
-        remove_socket(config["run_dir"], actor_name(config["stage"], config["replica"]))
+        release_leftovers(graph, shm_owner(config["instance"], stage, replica))
+        remove_socket(run_dir, actor.name)
         if os.getppid() != config["parent_pid"]:  # the kernel crashed: tidy what it left
-            remove_socket(config["run_dir"], "kernel")
+            remove_socket(run_dir, KERNEL)
             try:
-                os.rmdir(config["run_dir"])  # the last actor out removes the directory
+                os.rmdir(run_dir)  # the last actor out removes the directory
             except OSError:
                 pass
 
 
-def actor_main(config: dict[str, Any]) -> None:
-    """Target of the stage process."""
-    _ask_for_parent_death_signal()
-    logging.basicConfig(
-        level=config.get("log_level", "WARNING"),
-        format=f"%(asctime)s {config['stage']}.{config['replica']} %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for key, value in config.get("env", {}).items():
-        os.environ[key] = value
-    from omni.kernel.gpu_env import keep_multicast_off
+async def _watch_parent(actor: Any, parent_pid: int) -> None:
+    """Shut down once the kernel is gone (a SIGKILLed kernel sends nothing)."""
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(0.5)
+    logging.getLogger("omni.proc").warning("%s: parent %d is gone; shutting down", actor.name, parent_pid)
+    actor.stop()
 
-    keep_multicast_off()  # also under an `env` of its own: NCCL, torch and NVSHMEM in this process and its children
+
+def main(config: dict[str, Any]) -> None:
+    try:  # Linux: SIGTERM when the parent dies, at once (the watcher is the portable fallback)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+    logging.basicConfig(level=config.get("log_level", "WARNING"), stream=sys.stderr,
+                        format=f"%(asctime)s {config['stage']}.{config['replica']} %(levelname)s %(name)s: %(message)s")
+    os.environ.update(config.get("env", {}))
+    from omni.gpu_env import keep_multicast_off
+
+    keep_multicast_off()  # also under an `env` of its own: NCCL, torch and NVSHMEM here and in its children
     try:
-        import uvloop
-
-        uvloop.run(_serve(config))
+        from uvloop import run
     except ImportError:
-        asyncio.run(_serve(config))
+        run = asyncio.run
+    run(_serve(config))
     os._exit(0)  # no atexit / resource-tracker surprises after a clean shutdown
 
 
 if __name__ == "__main__":
-    import json
-
-    actor_main(json.loads(sys.stdin.read()))
+    main(json.loads(sys.stdin.read()))

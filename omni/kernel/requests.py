@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from omni.kernel.errors import OmniError
 
 if TYPE_CHECKING:
     from omni.kernel.kernel import Kernel
+
+_END = object()  # the last item of every request's queue
 
 
 @dataclass
@@ -25,27 +25,24 @@ class OutputEvent:
     final: bool = False
 
 
-class RequestState(Enum):
-    RUNNING = "running"
-    FINISHED = "finished"
-    FAILED = "failed"
-
-
 @dataclass
 class InflightRequest:
     """What the kernel tracks for one admitted request until its final event or error."""
 
     rid: str
-    pending_exits: set[str]
+    pending_exits: set[int]  # ids of the exit edges that have not ended
+    holders: set[str]  # stages it uses that have not reported RequestLeft
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     final_meta: dict[str, Any] = field(default_factory=dict)
-    created: float = field(default_factory=time.monotonic)
     deadline_handle: asyncio.TimerHandle | None = None
-    state: RequestState = RequestState.RUNNING
-    holders: set[str] = field(default_factory=set)  # stages it uses that have not reported RequestLeft
 
-
-_END = object()
+    def end(self, error: OmniError | None) -> None:
+        """Queue the request's last event: the final one, or the error that ended it."""
+        if self.deadline_handle is not None:
+            self.deadline_handle.cancel()
+        final = OutputEvent(self.rid, "", "final", self.final_meta, final=True)
+        self.queue.put_nowait(final if error is None else error)
+        self.queue.put_nowait(_END)
 
 
 class RequestStream:
@@ -83,7 +80,3 @@ class RequestStream:
     async def collect(self) -> list[OutputEvent]:
         """Every event of the request (for tests and simple callers)."""
         return [event async for event in self]
-
-
-def end_marker() -> object:
-    return _END

@@ -1,29 +1,44 @@
-"""Which stages a request goes through: a stage that serves only a capability the request does not
-need is skipped, so its death, restart or outage never touches that request.
+"""Which stages, and which replica of each, a request goes through.
 
-A stage may name the capability it serves (`StageSpec.capability`, e.g. "image_input"); stages that
-name none are the core every request needs. The graph's `needs` ("module:function", params -> the
-capability names the request needs) decides per request; without one every stage is needed. A
-stage whose every input comes from skipped stages is skipped too. The skip list rides in each
-RequestOpen, so actors open, feed and end only the edges into stages the request uses, and count
-only the inputs it will get.
+A stage that serves only a capability the request does not need is skipped, so its death, restart
+or outage never touches that request. A stage may name the capability it serves
+(`StageSpec.capability`, e.g. "image_input"); stages that name none are the core every request
+needs. The graph's `needs` ("module:function", params -> the capability names the request needs)
+decides per request; without one every stage is needed. A stage whose every input comes from
+skipped stages is skipped too. The skip list rides in each RequestOpen, so actors open, feed and
+end only the edges into stages the request uses, and count only the inputs it will get.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from omni.kernel.graph import OUT, Graph
+from omni.kernel.graph import Graph
 from omni.kernel.registry import resolve
+from omni.kernel.rundir import actor_name
+
+
+def replica_of(graph: Graph, stage: str, rid: str) -> str:
+    """The actor serving `rid` in `stage`: a request keeps one replica per stage, stable, with no
+    coordination needed."""
+    replicas = graph.stage(stage).replicas
+    return actor_name(stage, zlib.crc32(rid.encode()) % replicas if replicas > 1 else 0)
+
+
+def inputs_expected(graph: Graph, stage: str, skip: list[str]) -> int:
+    """How many inbound edges of `stage` a request with this skip list ends (the entry's: 1, from $in)."""
+    inputs = graph.incoming(stage).values()
+    return sum(1 for e in inputs if e.src not in skip) if inputs else 1
 
 
 @dataclass
 class Route:
     skip: list[str]  # stages this request never enters
     stages: list[str]  # stages it uses, in graph order
-    exits: set[str]  # ids of the exit edges it will end
+    exits: set[int]  # ids of the exit edges it will end
 
 
 class Router:
@@ -34,7 +49,7 @@ class Router:
     @staticmethod
     def everything(graph: Graph) -> Route:
         """The route that uses every stage (no `needs`, or one that failed)."""
-        return Route([], [s.name for s in graph.stages], {e.id for e in graph.exits()})
+        return Route([], [s.name for s in graph.stages], set(graph.exits()))
 
     def capabilities(self) -> dict[str, list[str]]:
         """Capability name -> the stages that serve it (core stages are in none)."""
@@ -54,18 +69,10 @@ class Router:
         while changed:  # a stage fed only by skipped stages is skipped too
             changed = False
             for spec in graph.stages:
-                inputs = graph.incoming(spec.name)
+                inputs = graph.incoming(spec.name).values()
                 if spec.name not in skip and spec.name != graph.entry and inputs and all(e.src in skip for e in inputs):
                     skip.add(spec.name)
                     changed = True
         stages = [s.name for s in graph.stages if s.name not in skip]
-        exits = {e.id for e in graph.edges if e.dst == OUT and e.src not in skip}
+        exits = {i for i, e in graph.exits().items() if e.src not in skip}
         return Route(sorted(skip), stages, exits)
-
-
-def inputs_expected(graph: Graph, stage: str, skip: list[str] | set[str]) -> int:
-    """How many inbound edges of `stage` a request with this skip list ends (the entry's: 1, from $in)."""
-    inputs = graph.incoming(stage)
-    if not inputs:
-        return 1
-    return sum(1 for e in inputs if e.src not in skip)

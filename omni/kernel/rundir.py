@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import tempfile
 from pathlib import Path
 
-SHM_DIR = Path("/dev/shm")
+KERNEL = "kernel"  # the kernel's mailbox, among the actors' (`<stage>.<replica>`)
 
 
 def new_instance_id() -> str:
@@ -22,8 +21,7 @@ def new_instance_id() -> str:
 
 def make_run_dir(instance: str) -> Path:
     # ipc:// paths are limited to ~107 bytes: keep the directory short, under /tmp.
-    base = Path(os.environ.get("OMNI_RUN_ROOT", tempfile.gettempdir()))
-    path = base / f"omni-{instance}"
+    path = Path(os.environ.get("OMNI_RUN_ROOT", tempfile.gettempdir())) / f"omni-{instance}"
     path.mkdir(mode=0o700, parents=True, exist_ok=False)
     return path
 
@@ -32,36 +30,14 @@ def endpoint(run_dir: str | Path, name: str) -> str:
     return f"ipc://{run_dir}/{name}.sock"
 
 
+def remove_socket(run_dir: str | Path, name: str) -> None:
+    Path(run_dir, f"{name}.sock").unlink(missing_ok=True)
+
+
 def actor_name(stage: str, replica: int) -> str:
     return f"{stage}.{replica}"
 
 
-def shm_owner(instance: str, stage: str, replica: int) -> str:
-    """Prefix of the shm segments an actor owns (the kernel unlinks it when the actor dies)."""
-    return f"omni-{instance}-{stage}-{replica}-"
-
-
-def unlink_shm_prefix(prefix: str) -> list[str]:
-    """Remove every /dev/shm entry whose name starts with `prefix`; returns the names removed."""
-    removed = []
-    if not SHM_DIR.is_dir():
-        return removed
-    for entry in SHM_DIR.iterdir():
-        if entry.name.startswith(prefix):
-            try:
-                entry.unlink()
-                removed.append(entry.name)
-            except FileNotFoundError:
-                pass
-    return removed
-
-
-def remove_socket(run_dir: str | Path, name: str) -> None:
-    try:
-        (Path(run_dir) / f"{name}.sock").unlink()
-    except FileNotFoundError:
-        pass
-
-
-def remove_run_dir(run_dir: str | Path) -> None:
-    shutil.rmtree(run_dir, ignore_errors=True)
+def shm_owner(instance: str, stage: str = "", replica: int = 0) -> str:
+    """Prefix of the shm segments an actor owns (of the whole instance, without a stage)."""
+    return f"omni-{instance}-{stage}-{replica}-" if stage else f"omni-{instance}-"

@@ -33,7 +33,6 @@ class StageContext:
     replica: int = 0
     args: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"
-    run_dir: str = ""
     in_ports: list[str] = field(default_factory=list)  # destination ports of inbound edges
     out_ports: list[str] = field(default_factory=list)
 

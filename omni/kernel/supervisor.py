@@ -1,8 +1,12 @@
-"""Starting, watching and restarting stage actors (one_for_one, with a restart budget).
+"""Starting, watching and restarting stage actors: one_for_one with a restart budget, as in OTP.
 
-A replica runs either as a spawned process or, in library mode, as an asyncio task in the
-kernel's own loop; both report through the same messages. Death is seen by the exit
-sentinel (process) or task completion, and a stalled mailbox by missing heartbeats.
+A replica runs as a spawned process or, in library mode ("inline"), as an asyncio task in the
+kernel's loop; both report through the same messages (ActorReady or ActorFailed, then
+heartbeats). Death is seen by the exit status (process) or task completion, a stalled mailbox
+by missing heartbeats. The supervisor tells the kernel of a death (which fails the requests
+that replica held), frees what the dead replica owned, and restarts it after a backoff; past
+`max_restarts` within `restart_window_s` the replica is down and rests `restart_cooldown_s`
+before it is tried afresh.
 """
 
 from __future__ import annotations
@@ -14,13 +18,18 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from omni.kernel.gpu_env import keep_multicast_off
+from omni.kernel import messages as m
+from omni.kernel.bus import Outbox
+from omni.kernel.channels import release_leftovers
+from omni.kernel.errors import StageStartError
+from omni.gpu_env import keep_multicast_off
 from omni.kernel.graph import Graph
-from omni.kernel.rundir import actor_name
+from omni.kernel.rundir import actor_name, remove_socket, shm_owner
 
 log = logging.getLogger("omni.supervisor")
 
@@ -35,6 +44,8 @@ class ActorState(Enum):
 
 @dataclass
 class ActorHandle:
+    """One replica as the supervisor sees it."""
+
     stage: str
     replica: int
     state: ActorState = ActorState.STARTING
@@ -44,7 +55,7 @@ class ActorHandle:
     ready: asyncio.Future | None = None
     last_heartbeat: float = 0.0
     last_stats: dict[str, Any] = field(default_factory=dict)
-    restarts: list[float] = field(default_factory=list)
+    restarts: list[float] = field(default_factory=list)  # when it was restarted, within the window
     pid: int = 0
 
     @property
@@ -54,55 +65,100 @@ class ActorHandle:
     def alive(self) -> bool:
         if self.process is not None:
             return self.process.poll() is None
-        if self.task is not None:
-            return not self.task.done()
-        return False
+        return self.task is not None and not self.task.done()
 
     def exit_reason(self) -> str:
         if self.process is not None:
             code = self.process.poll()
-            if code is not None and code < 0:
-                return f"killed by signal {-code}"
-            return f"exited with code {code}"
+            return f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         if self.task is not None and self.task.done() and not self.task.cancelled():
             exc = self.task.exception()
             return f"task ended: {exc!r}" if exc else "task ended"
         return "stopped"
 
 
-class Launcher:
-    """Starts one replica in the configured mode."""
+class Supervisor:
+    """Owns every replica's lifecycle. `on_death(handle, reason)` fails the requests the replica
+    held and returns their ids, which the restarted replica is told to drop."""
 
-    def __init__(self, graph: Graph, mode: str, run_dir: str, instance: str, log_level: str, env: dict[str, str]) -> None:
+    def __init__(self, graph: Graph, mode: str, instance: str, on_death: Callable[[ActorHandle, str], list[str]],
+                 heartbeat_timeout_s: float, log_level: str, env: dict[str, str]) -> None:
         if mode not in ("process", "inline"):
             raise ValueError(f"mode must be 'process' or 'inline', not {mode!r}")
-        self.graph = graph
-        self.mode = mode
-        self.run_dir = run_dir
-        self.instance = instance
-        self.log_level = log_level
-        self.env = env
+        self.graph, self.mode, self.instance = graph, mode, instance
+        self.heartbeat_timeout_s, self.log_level, self.env = heartbeat_timeout_s, log_level, env
+        self._on_death = on_death
+        self.handles = {h.name: h for h in (ActorHandle(s.name, r) for s in graph.stages for r in range(s.replicas))}
+        self.restarts_total: dict[str, int] = {s.name: 0 for s in graph.stages}
+        self._tasks: list[asyncio.Task] = []
+        self._closed = False
 
-    def launch(self, handle: ActorHandle) -> None:
+    async def start(self, run_dir: str, outbox: Outbox) -> None:
+        """Launch every replica and wait until all are ready; raises StageStartError naming one that is not."""
+        self.run_dir, self.outbox = run_dir, outbox
+        for handle in self.handles.values():
+            self._launch(handle)
+        await asyncio.gather(*(self._await_ready(h) for h in self.handles.values()))
+        self._tasks.append(asyncio.create_task(self._watch()))
+
+    def on_report(self, msg: m.ActorReady | m.ActorFailed | m.ActorHeartbeat) -> None:
+        handle = self.handles.get(actor_name(msg.stage, msg.replica))
+        if handle is None:
+            return
+        if isinstance(msg, m.ActorHeartbeat):
+            handle.last_heartbeat, handle.last_stats = time.monotonic(), msg.stats
+        elif handle.ready is not None and not handle.ready.done():
+            if isinstance(msg, m.ActorReady):
+                handle.pid = msg.pid
+                handle.ready.set_result(True)
+            else:
+                handle.ready.set_exception(StageStartError(f"stage {handle.name} failed to start: {msg.error}"))
+
+    def health(self) -> dict[str, str]:
+        """Per stage: "up" only when every replica is up, else the worst replica state."""
+        order = [ActorState.DOWN, ActorState.RESTARTING, ActorState.STARTING, ActorState.STOPPED, ActorState.UP]
+        worst: dict[str, ActorState] = {}
+        for h in self.handles.values():
+            worst[h.stage] = min(worst.get(h.stage, ActorState.UP), h.state, key=order.index)
+        return {stage: state.value for stage, state in worst.items()}
+
+    def kill(self, handle: ActorHandle) -> None:
+        """As a crash would: SIGKILL, or cancelling the task inline."""
+        if handle.process is not None and handle.process.poll() is None:
+            handle.process.kill()
+        if handle.task is not None:
+            handle.task.cancel()
+
+    async def stop(self) -> None:
+        """Tell every replica to shut down; terminate, then kill, the ones that do not."""
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for handle in self.handles.values():
+            if handle.alive():
+                self.outbox.send(handle.name, m.ActorShutdown())
+        # Running actors get time to shut down cleanly; ones still starting (whose mailbox is not
+        # open yet) are terminated at once, so a failed start does not wait for slow siblings.
+        await asyncio.gather(*(self._stop(h, 5.0 if h.state is ActorState.UP else 0.1) for h in self.handles.values()))
+        for handle in self.handles.values():
+            release_leftovers(self.graph, shm_owner(self.instance, handle.stage, handle.replica),
+                              handle.pid if handle.process is not None else 0)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ---- one replica ------------------------------------------------------------------------
+
+    def _launch(self, handle: ActorHandle) -> None:
         handle.ready = asyncio.get_running_loop().create_future()
-        handle.state = ActorState.STARTING if not handle.restarts else ActorState.RESTARTING
+        handle.state = ActorState.RESTARTING if handle.restarts else ActorState.STARTING
         handle.last_heartbeat = time.monotonic()
         if self.mode == "process":
-            config = {
-                "graph": self.graph.to_dict(),
-                "stage": handle.stage,
-                "replica": handle.replica,
-                "run_dir": self.run_dir,
-                "instance": self.instance,
-                "parent_pid": os.getpid(),
-                "log_level": self.log_level,
-                "env": self.env,
-            }
+            config = {"graph": self.graph.to_dict(), "stage": handle.stage, "replica": handle.replica,
+                      "run_dir": self.run_dir, "instance": self.instance, "parent_pid": os.getpid(),
+                      "log_level": self.log_level, "env": self.env}
             # A fresh interpreter (spawn semantics, never fork): CUDA-safe, and the caller's
             # __main__ is never re-imported, so scripts and notebooks need no main guard.
-            env = keep_multicast_off(dict(os.environ))
             proc = subprocess.Popen([sys.executable, "-m", "omni.kernel.proc"], stdin=subprocess.PIPE, close_fds=True,
-                                    env=env)
+                                    env=keep_multicast_off(dict(os.environ)))
             proc.stdin.write(json.dumps(config).encode())
             proc.stdin.close()
             handle.process, handle.pid = proc, proc.pid
@@ -114,8 +170,24 @@ class Launcher:
             handle.task = asyncio.create_task(handle.actor.run(), name=f"omni-{handle.name}")
             handle.pid = os.getpid()
 
-    async def stop(self, handle: ActorHandle, timeout_s: float) -> None:
-        """Wait for a replica told to shut down; then terminate, then kill."""
+    async def _await_ready(self, handle: ActorHandle) -> None:
+        timeout_s = self.graph.stage(handle.stage).start_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while not handle.ready.done():
+            if not handle.alive():
+                await asyncio.sleep(0.5)  # its last words (ActorFailed: why) may still be on the way
+                if not handle.ready.done():
+                    raise StageStartError(f"stage {handle.name} failed to start: {handle.exit_reason()} "
+                                          "before it was ready")
+                break
+            if time.monotonic() > deadline:
+                self.kill(handle)
+                raise StageStartError(f"stage {handle.name} failed to start: not ready within {timeout_s:g} s")
+            await asyncio.sleep(0.02)
+        handle.ready.result()  # raises the StageStartError an ActorFailed set
+        handle.state = ActorState.UP
+
+    async def _stop(self, handle: ActorHandle, timeout_s: float) -> None:
         handle.state = ActorState.STOPPED
         if handle.process is not None:
             proc = handle.process
@@ -129,22 +201,66 @@ class Launcher:
                 proc.kill()
             proc.wait(timeout=2.0)
         elif handle.task is not None:
-            if handle.actor is not None:
-                handle.actor.stop()
+            handle.actor.stop()
             try:
                 await asyncio.wait_for(handle.task, timeout_s)
             except (asyncio.TimeoutError, asyncio.CancelledError, Exception):
                 handle.task.cancel()
 
-    def kill(self, handle: ActorHandle) -> None:
-        if handle.process is not None and handle.process.poll() is None:
-            handle.process.kill()
-        if handle.task is not None:
-            handle.task.cancel()
+    # ---- supervision --------------------------------------------------------------------------
 
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            for handle in self.handles.values():
+                if handle.state is not ActorState.UP:
+                    continue
+                if not handle.alive():
+                    await self._died(handle, handle.exit_reason())
+                elif now - handle.last_heartbeat > self.heartbeat_timeout_s:
+                    log.error("stage %s missed heartbeats for %.1f s; killing it", handle.name,
+                              now - handle.last_heartbeat)
+                    self.kill(handle)
 
-def restart_delay(handle: ActorHandle, window_s: float = 60.0) -> float:
-    """Backoff before the next restart: 0.2 s, doubling per restart within the window."""
-    now = time.monotonic()
-    handle.restarts = [t for t in handle.restarts if now - t < window_s]
-    return min(0.2 * (2 ** len(handle.restarts)), 5.0)
+    async def _died(self, handle: ActorHandle, reason: str) -> None:
+        log.error("stage %s died (%s)", handle.name, reason)
+        spec = self.graph.stage(handle.stage)
+        handle.state = ActorState.RESTARTING
+        victims = self._on_death(handle, reason)
+        release_leftovers(self.graph, shm_owner(self.instance, handle.stage, handle.replica),
+                          handle.pid if handle.process is not None else 0)
+        remove_socket(self.run_dir, handle.name)
+        self.outbox.reset(handle.name)  # drop what was queued for the dead process
+        now = time.monotonic()
+        handle.restarts = [t for t in handle.restarts if now - t < spec.restart_window_s]
+        if len(handle.restarts) >= spec.max_restarts:  # a rate, as in OTP: rest, then try again afresh
+            handle.state = ActorState.DOWN
+            log.error("stage %s is down: %d restarts within %g s; retrying in %g s", handle.name,
+                      len(handle.restarts), spec.restart_window_s, spec.restart_cooldown_s)
+            self._tasks.append(asyncio.create_task(self._restart(handle, spec.restart_cooldown_s, victims, True)))
+        else:  # backoff: 0.2 s, doubling per restart within the window
+            delay = min(0.2 * 2 ** len(handle.restarts), 5.0)
+            self._tasks.append(asyncio.create_task(self._restart(handle, delay, victims)))
+
+    async def _restart(self, handle: ActorHandle, delay: float, victims: list[str], afresh: bool = False) -> None:
+        await asyncio.sleep(delay)
+        if self._closed:
+            return
+        if afresh:
+            handle.restarts.clear()
+        handle.restarts.append(time.monotonic())
+        self.restarts_total[handle.stage] += 1
+        self._launch(handle)
+        try:
+            await self._await_ready(handle)
+        except StageStartError as exc:
+            log.error("restart failed: %s", exc)
+            await self._died(handle, str(exc))
+            return
+        for name in self.handles:
+            if name != handle.name:
+                self.outbox.send(name, m.PeerUpdate(handle.stage, handle.replica))
+        for rid in victims:
+            self.outbox.send(handle.name, m.RequestCancel(rid))
+        log.warning("stage %s restarted", handle.name)

@@ -175,7 +175,7 @@ class TensorParallelModel(ARModel):
             raise ValueError(f"a tensor-parallel group needs size >= 2 and one device per rank, got {size}, {devices}")
         import torch.multiprocessing as mp
 
-        from omni.kernel.gpu_env import keep_multicast_off
+        from omni.gpu_env import keep_multicast_off
 
         keep_multicast_off()  # the ranks inherit this process's environment
         backend, port = backend_for(devices), _free_port()
