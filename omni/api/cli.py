@@ -100,7 +100,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "default: the family's (cpu)")
     parser.add_argument("--gpus", default=None, metavar="0,1,2",
                         help="place the GPU stages on these GPUs by memory and load (thinker alone on the first "
-                             "when there are two or more; placement.py); --set NAME.device(s)=... still pins a stage")
+                             "when there are two or more; placement.py); --set NAME.device=cuda:N or NAME.devices=[...] still pins a stage")
     parser.add_argument("--dtype", default=None,
                         help="weights dtype of every GPU-capable stage, e.g. bfloat16 (per stage: --set "
                              "NAME.args.dtype=...); default: the family's")
@@ -201,7 +201,9 @@ def load_model(args: argparse.Namespace):
         if args.gpus:
             from omni.placement import parse_gpus, place
 
-            pinned = {name for name, fields in overrides.items() if {"device", "devices"} & set(fields)}
+            # "device=cuda" only says "a GPU" (the plan picks which); "cuda:N", "cpu" or `devices` pin the stage
+            pinned = {name for name, fields in overrides.items()
+                      if "devices" in fields or fields.get("device", "cuda") != "cuda"}
             place(graph, parse_gpus(args.gpus), keep=pinned)
     except CliError:
         raise
