@@ -215,3 +215,31 @@ def test_through_the_kernel_tp2_serves_and_a_killed_rank_fails_requests_cleanly(
     assert tokens == want["r0"]
     for message, seconds in failures:
         assert "tensor-parallel group broken: rank 1 exited" in message and seconds < 30
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_tp2_on_two_gpus_over_nccl_gives_the_greedy_tokens_of_tp1(ckpt):
+    want, errors, want_taps, _ = _run(stage := _gpu_stage(ckpt, 1), PROMPTS)
+    stage.teardown()
+    assert not errors
+    two = _gpu_stage(ckpt, 2)
+    try:
+        assert two.engine.model.groups.data is not two.engine.model.groups.ctrl  # NCCL for the tensors
+        got, errors, got_taps, _ = _run(two, PROMPTS)
+    finally:
+        two.teardown()
+    assert not errors and got == want
+    for rid in want:
+        torch.testing.assert_close(torch.cat(got_taps[rid]).cpu(), torch.cat(want_taps[rid]).cpu(),
+                                   atol=1e-4, rtol=1e-3)
+
+
+def _gpu_stage(ckpt, tp: int) -> ThinkerStage:
+    ctx = StageContext(name="thinker", device="cuda:0",
+                       args={"model_dir": str(ckpt), "block_size": 4, "num_blocks": 64, "max_model_len": 96,
+                             "max_num_batched_tokens": 8, "tensor_parallel_size": tp, "attention_backend": "triton"},
+                       in_ports=["tokens"], out_ports=["text", "hidden"])
+    stage = ThinkerStage(ctx)
+    stage.setup()
+    return stage
