@@ -21,7 +21,8 @@ that reads sequences) and `run_layers(inputs, batch) -> ForwardOutput` (reads on
 `build(rank, size, device, all_reduce, **kwargs)`, returning that model's shard.
 
 A dead rank (crash, kill) makes the current and every later step raise `TensorParallelError`:
-the engine fails the requests involved, nothing waits on the dead rank.
+the engine fails the requests involved, nothing waits on the dead rank (a watcher thread aborts an
+NCCL group at once, whose kernels would otherwise wait on the GPU for the dead peer).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import os
 import pickle
 import signal
 import socket
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -104,9 +107,20 @@ class _Groups:
         self.store = dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=timeout)
         self.ctrl = dist.ProcessGroupGloo(dist.PrefixStore("ctrl", self.store), rank, size, timeout)
         if backend == "nccl":
-            self.data = dist.ProcessGroupNCCL(dist.PrefixStore("data", self.store), rank, size)
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout  # NCCL's own watchdog gives up on a collective after this
+            self.data = dist.ProcessGroupNCCL(dist.PrefixStore("data", self.store), rank, size, opts)
         else:
             self.data = self.ctrl
+
+    def abort(self) -> None:
+        """Abort the NCCL communicator, so that kernels queued on a dead peer stop waiting (gloo's
+        sockets fail by themselves)."""
+        if self.data is not self.ctrl:
+            try:
+                self.data.abort()
+            except Exception as exc:  # best effort: the group is unusable either way
+                log.warning("NCCL abort failed: %s", exc)
 
     def broadcast(self, tensor: torch.Tensor, group: Any = None) -> None:
         opts = self.dist.BroadcastOptions()
@@ -166,6 +180,19 @@ class TensorParallelModel(ARModel):
         self.groups = groups
         self.workers = workers
         self.broken: str | None = None
+        self._watch = threading.Thread(target=self._watch_ranks, name="omni-tp-watch", daemon=True)
+        self._watch.start()
+
+    def _watch_ranks(self, period_s: float = 0.5) -> None:
+        """A rank that dies mid-step leaves NCCL kernels waiting on the GPU, and the next host sync
+        would wait with them: the group is aborted as soon as a rank is seen dead."""
+        while self.broken is None and self.workers:
+            dead = self._dead()
+            if dead is not None:
+                self.broken = dead
+                self.groups.abort()
+                return
+            time.sleep(period_s)
 
     @classmethod
     def launch(cls, recipe: ShardRecipe, size: int, devices: list[str], cache: CacheRecipe,
@@ -235,6 +262,7 @@ class TensorParallelModel(ARModel):
         _stop(self.workers)
         self.workers = []
         self.broken = self.broken or "shut down"
+        self._watch.join(2.0)
 
     # ---- everything else is rank 0's shard --------------------------------------------
     def kv_cache_spec(self):
