@@ -4,11 +4,11 @@ Rank r of N holds: the query heads [r*Hq/N, (r+1)*Hq/N) and the matching key/val
 its KV cache holds only those), the same slice of each expert's (and the dense MLP's)
 intermediate dimension, and the rows of o_proj / down_proj that read them. Each rank's
 attention output and MLP output are then partial sums of the full ones: one all-reduce after
-each gives every rank the same hidden state as one unsplit model. The router, norms,
-embeddings and lm_head are whole on every rank (only rank 0 embeds and samples).
+each gives every rank the same hidden state as one unsplit model. The router and norms are
+whole on every rank, the embeddings and lm_head on rank 0 only (it alone embeds and samples).
 
-Weights are sliced when loaded: each rank reads the checkpoint, keeps its slices and builds a
-model of the split sizes. With `load_format="random"` each rank draws its own slices (a seed per
+Weights are sliced when loaded: each rank reads the checkpoint (on the host), keeps its slices
+and builds a model of the split sizes, so a rank's GPU only ever holds its shard. With `load_format="random"` each rank draws its own slices (a seed per
 rank), which is right for speed, not for output.
 """
 
@@ -83,6 +83,15 @@ def split(model: nn.Module, all_reduce: Callable[[torch.Tensor], torch.Tensor]) 
     return model
 
 
+def drop_embeddings(model: nn.Module) -> nn.Module:
+    """Ranks > 0 never embed nor sample: their embedding and lm_head keep their shapes' first
+    axis (the vocabulary, which `kv_cache_spec` reports), dtype and device, and no memory."""
+    for module in (model.model.embed_tokens, model.lm_head):
+        w = module.weight
+        module.weight = nn.Parameter(torch.empty(w.shape[0], 0, dtype=w.dtype, device=w.device), requires_grad=False)
+    return model
+
+
 def build_shard(rank: int, size: int, device: str, all_reduce: Callable, model_dir: str, dtype: str = "",
                 load_format: str = "auto", seed: int = 0) -> nn.Module:
     """Rank `rank`'s `Qwen3OmniThinker` of `model_dir` (the `ShardRecipe` builder of ThinkerStage)."""
@@ -96,10 +105,12 @@ def build_shard(rank: int, size: int, device: str, all_reduce: Callable, model_d
     cfg = shard_config(full, size)
     if load_format == "random":
         model = random_thinker(cfg, device=device, dtype=getattr(torch, dtype or "bfloat16"), seed=seed + rank)
-        return split(model.eval(), all_reduce)
-    torch_dtype = getattr(torch, dtype or "float32")
-    state = text_state_dict(load_state_dict(model_dir, "thinker", dtype=torch_dtype), full.text)
-    model = Qwen3OmniThinker(cfg, torch_dtype)
-    model.load_weights(shard_state(state, rank, size))
-    del state
+    else:
+        torch_dtype = getattr(torch, dtype or "float32")
+        state = text_state_dict(load_state_dict(model_dir, "thinker", dtype=torch_dtype), full.text)
+        model = Qwen3OmniThinker(cfg, torch_dtype)
+        model.load_weights(shard_state(state, rank, size))
+        del state
+    if rank > 0:
+        drop_embeddings(model)
     return split(model.to(device).eval(), all_reduce)
