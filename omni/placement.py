@@ -32,6 +32,19 @@ def tp_size(spec: StageSpec) -> int:
     return int(spec.args.get("tensor_parallel_size") or 1)
 
 
+def rank_devices(device: str, size: int) -> list[str]:
+    """Rank r of a tensor-parallel replica on cuda:N runs on cuda:N+r; on the CPU all are on the CPU."""
+    if not device.startswith("cuda"):
+        return [device] * size
+    index = int(device.partition(":")[2] or 0)
+    return [f"cuda:{index + r}" for r in range(size)]
+
+
+def process_devices(graph: Graph) -> list[str]:
+    """The device of every process the graph's stages run: one per replica, one per rank."""
+    return [d for s in graph.stages for replica in s.all_devices() for d in rank_devices(replica, tp_size(s))]
+
+
 def plan(stages: list[StageSpec], gpus: list[int], load: dict[str, float] | None = None,
          keep: set[str] | frozenset = frozenset()) -> dict[str, list[str]]:
     """{stage name: one device per replica} for the GPU stages (device "cuda...") not in `keep`."""

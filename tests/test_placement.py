@@ -12,7 +12,7 @@ from omni.kernel.channels import Readers, channel_of
 from omni.kernel.errors import GraphError
 from omni.gpu_env import MULTICAST_OFF, keep_multicast_off
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec, apply_overrides
-from omni.placement import parse_gpus, place, plan
+from omni.placement import parse_gpus, place, plan, process_devices
 
 
 def _speech_graph(talkers: int = 1, vocoders: int = 1, thinker_args: dict | None = None) -> Graph:
@@ -72,6 +72,12 @@ def test_place_writes_devices_and_keeps_pinned_stages():
     assert spec.devices == ["cuda:1", "cuda:2"] and spec.device == "cuda:1"
     assert [spec.device_of(r) for r in range(2)] == spec.devices
     assert graph.stage("code2wav").device == "cuda" and graph.stage("code2wav").devices == []
+
+
+def test_every_process_has_a_device_ranks_included():
+    graph = place(_speech_graph(talkers=2, thinker_args={"tensor_parallel_size": 2}), [0, 1, 2, 3])
+    # preprocess; thinker ranks 0 and 1; the encoder, two talkers and code2wav on the rest (MPS decides on these)
+    assert sorted(process_devices(graph)) == ["cpu", "cuda:0", "cuda:1", "cuda:2", "cuda:2", "cuda:3", "cuda:3"]
 
 
 def test_parse_gpus():

@@ -25,7 +25,8 @@ from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
 from omni.models.qwen3_omni.modules.thinker_layers import DenseMLP
 from omni.models.qwen3_omni.modules.thinker_tp import shard_config, shard_state
 from omni.models.qwen3_omni.stages.thinker_stage import ThinkerStage
-from omni.stages.ar.tensor_parallel import TensorParallelError, TensorParallelModel, backend_for, rank_devices
+from omni.placement import rank_devices
+from omni.stages.ar.tensor_parallel import TensorParallelError, TensorParallelModel, backend_for
 
 IDS = token_ids()
 START, END, USER, ASSISTANT = IDS["<|im_start|>"], IDS["<|im_end|>"], IDS["user"], IDS["assistant"]

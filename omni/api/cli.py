@@ -302,7 +302,9 @@ async def serve(args: argparse.Namespace) -> None:
                     info.id)
     from omni.api.mps import MPSError, start_mps
 
-    devices = [d for s in graph.stages for d in s.all_devices()]
+    from omni.placement import process_devices
+
+    devices = process_devices(graph)
     try:  # before any stage process starts: they inherit its pipe directory
         mps = start_mps(getattr(args, "mps", "off") if args.mode == "process" else "off", devices)
     except MPSError as exc:

@@ -75,14 +75,6 @@ class CacheRecipe:
     attention_backend: str = "torch"
 
 
-def rank_devices(device: str, size: int) -> list[str]:
-    """Rank r of a replica on cuda:N runs on cuda:N+r; on the CPU every rank is on the CPU."""
-    if not device.startswith("cuda"):
-        return [device] * size
-    index = torch.device(device).index or 0
-    return [f"cuda:{index + r}" for r in range(size)]
-
-
 def backend_for(devices: list[str]) -> str:
     """NCCL when every rank has a GPU of its own, else gloo."""
     if all(d.startswith("cuda") for d in devices) and len(set(devices)) == len(devices):

@@ -76,7 +76,8 @@ class ThinkerStage(ARStage):
 
     def _tensor_parallel_model(self):
         """Rank 0 of `tensor_parallel_size` ranks on consecutive devices, each loading its slices."""
-        from omni.stages.ar.tensor_parallel import CacheRecipe, ShardRecipe, TensorParallelModel, rank_devices
+        from omni.placement import rank_devices
+        from omni.stages.ar.tensor_parallel import CacheRecipe, ShardRecipe, TensorParallelModel
 
         args, config = self.ctx.args, self.engine_config()
         if not args.get("model_dir"):
