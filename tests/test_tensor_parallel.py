@@ -128,6 +128,7 @@ def test_tp2_gives_the_greedy_tokens_of_tp1(ckpt):
     one.teardown()
     assert not errors
     two = _stage(ckpt, 2)
+    workers = list(two.engine.model.workers)
     try:
         assert isinstance(two.engine.model, TensorParallelModel)
         assert two.engine.kv_cache.shape[-2] == 1  # this rank's key/value heads only (2 in the model)
@@ -140,7 +141,7 @@ def test_tp2_gives_the_greedy_tokens_of_tp1(ckpt):
         assert not errors and again["r0"] == want["r0"]
     finally:
         two.teardown()
-    assert all(p.exitcode is not None for p in two.engine.model.workers or [])
+    assert [p.exitcode for p in workers] == [0]  # told to stop, rank 1 left cleanly
 
 
 def test_a_killed_rank_fails_requests_without_a_hang(ckpt):
@@ -168,6 +169,25 @@ def test_a_killed_rank_fails_requests_without_a_hang(ckpt):
         assert time.monotonic() - t0 < 5
     finally:
         stage.teardown()
+
+
+def shard_or_fail(rank: int, size: int, device: str, all_reduce, **kwargs):
+    """A shard builder whose rank 1 fails (as with a bad checkpoint), for the start-up test."""
+    if rank > 0:
+        raise RuntimeError("rank 1 cannot load its shard")
+    from omni.models.qwen3_omni.modules.thinker_tp import build_shard
+
+    return build_shard(rank, size, device, all_reduce, **kwargs)
+
+
+def test_a_rank_that_fails_to_start_fails_the_start_at_once(ckpt):
+    from omni.stages.ar.tensor_parallel import CacheRecipe, ShardRecipe
+
+    recipe = ShardRecipe(f"{__name__}:shard_or_fail", {"model_dir": str(ckpt)})
+    t0 = time.monotonic()
+    with pytest.raises(TensorParallelError, match="rank 1 exited with code 1 while starting"):
+        TensorParallelModel.launch(recipe, 2, ["cpu", "cpu"], CacheRecipe(64, 4), timeout_s=300)
+    assert time.monotonic() - t0 < 60  # not the store's 300 s
 
 
 # ---- through the kernel: the stage process is rank 0 -----------------------------------------

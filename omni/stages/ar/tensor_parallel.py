@@ -207,13 +207,9 @@ class TensorParallelModel(ARModel):
             proc.start()
             workers.append(proc)
         try:
-            if devices[0].startswith("cuda"):
-                torch.cuda.set_device(torch.device(devices[0]))
-            groups = _Groups(backend, port, 0, size, timeout_s)
-            shard = recipe(0, size, devices[0], groups.all_reduce)
-            groups.barrier()  # every rank has its shard and cache
+            groups, shard = _join_as_rank0(recipe, size, devices[0], backend, port, timeout_s, workers)
         except BaseException:
-            _stop(workers)
+            _stop(workers, 0.5)
             raise
         log.info("tensor-parallel group of %d ranks up (%s, devices %s)", size, backend, devices)
         return cls(shard, groups, workers)
@@ -296,6 +292,47 @@ class TensorParallelModel(ARModel):
         return getattr(self.shard, name)
 
 
+def _join_as_rank0(recipe: ShardRecipe, size: int, device: str, backend: str, port: int, timeout_s: float,
+                   workers: list[Any]) -> tuple[_Groups, Any]:
+    """Join the group, build rank 0's shard, wait until every rank has its own. In a thread of its
+    own, so that a rank that dies meanwhile (a bad checkpoint, no memory) fails the start at once
+    rather than when the store's timeout ends."""
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))  # this thread's, and the stage's, current GPU
+    box: dict[str, Any] = {}
+
+    def join() -> None:
+        try:
+            if device.startswith("cuda"):
+                torch.cuda.set_device(torch.device(device))
+            groups = _Groups(backend, port, 0, size, timeout_s)
+            shard = recipe(0, size, device, groups.all_reduce)
+            groups.barrier()
+            box["done"] = groups, shard
+        except BaseException as exc:
+            box["error"] = exc
+
+    def dead() -> str | None:
+        for rank, proc in enumerate(workers, start=1):
+            if proc.exitcode is not None:
+                return f"tensor-parallel rank {rank} exited with code {proc.exitcode} while starting (its log says why)"
+        return None
+
+    thread = threading.Thread(target=join, name="omni-tp-join", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+        if thread.is_alive() and dead():
+            raise TensorParallelError(dead())
+    if "error" in box:  # gloo saw the peer go first: name the rank that died, if one did
+        for proc in workers:
+            proc.join(2.0)
+        if dead():
+            raise TensorParallelError(dead()) from box["error"]
+        raise box["error"]
+    return box["done"]
+
+
 def _stop(workers: list[Any], timeout_s: float = 5.0) -> None:
     for proc in workers:
         proc.join(timeout_s)
@@ -323,16 +360,20 @@ def _worker_main(rank: int, size: int, port: int, backend: str, device: str, rec
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    groups = _Groups(backend, port, rank, size, timeout_s)
-    shard = recipe(rank, size, device, groups.all_reduce)
-    kv_cache, kernel = _worker_cache(shard, cache, device)
-    groups.barrier()
+    try:
+        groups = _Groups(backend, port, rank, size, timeout_s)
+        shard = recipe(rank, size, device, groups.all_reduce)
+        kv_cache, kernel = _worker_cache(shard, cache, device)
+        groups.barrier()
+    except BaseException:
+        log.exception("rank %d could not start", rank)
+        os._exit(1)  # at once: rank 0 watches for the exit code
     try:
         with torch.inference_mode():
             while True:
                 header = groups.broadcast_object()
                 if header["op"] == STOP:
-                    return
+                    break
                 inputs = {}
                 for name, shape, dtype in header["tensors"]:
                     inputs[name] = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
@@ -345,6 +386,8 @@ def _worker_main(rank: int, size: int, port: int, backend: str, device: str, rec
                 shard.run_layers(inputs, batch)
     except RuntimeError as exc:  # rank 0 is gone (or failed): nothing more to do
         log.warning("rank %d stops: %s", rank, exc)
+        os._exit(1)
+    os._exit(0)  # no teardown of the groups (their peers may be gone)
 
 
 def _worker_cache(shard: Any, cache: CacheRecipe, device: str) -> tuple[torch.Tensor, Any]:
