@@ -1,7 +1,7 @@
 """`omnid`: serve a model over the OpenAI-compatible API, make a tiny test model, list plugins.
 
     omnid serve [--model DIR|FAMILY] [--host 127.0.0.1] [--port 8000] [--config FILE] [--set k=v ...]
-                [--device cuda] [--dtype bfloat16] [--served-model-name NAME [ALIAS ...]]
+                [--device cuda | --gpus 0,1,2] [--dtype bfloat16] [--served-model-name NAME [ALIAS ...]]
                 [--allowed-origins '["*"]'] [--api-key KEY] [--max-concurrent N]    (omnid serve --help: all)
     omnid make-tiny [qwen3-omni] DIR [--seed N] [--preset NAME]
     omnid plugins
