@@ -9,10 +9,8 @@ rank runs the same `run_layers` in lockstep; the model's layers all-reduce after
 output projection and after the MLP / MoE down projection, so every rank ends with the full
 hidden state. Logits and sampling happen on rank 0 only.
 
-Collectives: NCCL when every rank has a GPU of its own, gloo otherwise (CPU, or several ranks
-on one GPU, which NCCL refuses); the small step header always goes over a gloo group. The
-process groups are built directly on a TCP store (no global default group), so a process may
-hold several. CUDA graphs are off at N > 1 (capture with collectives is not done): decode runs
+Collectives: NCCL between GPUs, gloo on the CPU or for several ranks on one GPU (tp_group.py,
+with the ranks' loop). CUDA graphs are off at N > 1 (capture with collectives is not done): decode runs
 eagerly; the Triton decode kernel still runs, on each rank's own cache.
 
 A model that can be split implements `step_inputs(batch) -> dict[str, Tensor]` (rank 0's part
@@ -27,138 +25,21 @@ NCCL group at once, whose kernels would otherwise wait on the GPU for the dead p
 
 from __future__ import annotations
 
-import ctypes
-import datetime
-import importlib
 import logging
 import os
-import pickle
-import signal
-import socket
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput
+from omni.stages.ar.tp_group import (STEP, STOP, CacheRecipe, Groups, ShardRecipe, TensorParallelError, backend_for,
+                                     free_port, packet_tensors, step_layout, worker_main)
 
 log = logging.getLogger("omni.ar.tp")
 
-STEP, STOP = "step", "stop"
-
-
-class TensorParallelError(RuntimeError):
-    """A rank of the group is gone or a collective failed: the group cannot run any more steps."""
-
-
-@dataclass
-class ShardRecipe:
-    """How each rank builds its shard: `build` ("module:function") and its keyword arguments."""
-
-    build: str
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def __call__(self, rank: int, size: int, device: str, all_reduce: Callable) -> Any:
-        module, _, attr = self.build.partition(":")
-        return getattr(importlib.import_module(module), attr)(rank, size, device, all_reduce, **self.kwargs)
-
-
-@dataclass
-class CacheRecipe:
-    """What a rank > 0 needs to allocate its KV cache the way rank 0's engine does."""
-
-    num_blocks: int
-    block_size: int
-    dtype: str = ""  # "" = the model's dtype
-    attention_backend: str = "torch"
-
-
-def backend_for(devices: list[str]) -> str:
-    """NCCL when every rank has a GPU of its own, else gloo."""
-    if all(d.startswith("cuda") for d in devices) and len(set(devices)) == len(devices):
-        return "nccl"
-    return "gloo"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class _Groups:
-    """This rank's process groups: `data` for tensors (NCCL or gloo), `ctrl` (gloo) for headers."""
-
-    def __init__(self, backend: str, port: int, rank: int, size: int, timeout_s: float) -> None:
-        import torch.distributed as dist
-
-        self.dist, self.rank, self.size = dist, rank, size
-        timeout = datetime.timedelta(seconds=timeout_s)
-        self.store = dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=timeout)
-        self.ctrl = dist.ProcessGroupGloo(dist.PrefixStore("ctrl", self.store), rank, size, timeout)
-        if backend == "nccl":
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout  # NCCL's own watchdog gives up on a collective after this
-            self.data = dist.ProcessGroupNCCL(dist.PrefixStore("data", self.store), rank, size, opts)
-        else:
-            self.data = self.ctrl
-
-    def abort(self) -> None:
-        """Abort the NCCL communicator, so that kernels queued on a dead peer stop waiting (gloo's
-        sockets fail by themselves)."""
-        if self.data is not self.ctrl:
-            try:
-                self.data.abort()
-            except Exception as exc:  # best effort: the group is unusable either way
-                log.warning("NCCL abort failed: %s", exc)
-
-    def broadcast(self, tensor: torch.Tensor, group: Any = None) -> None:
-        opts = self.dist.BroadcastOptions()
-        opts.rootRank = 0
-        (group or self.data).broadcast([tensor], opts).wait()
-
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        self.data.allreduce([tensor]).wait()
-        return tensor
-
-    def broadcast_object(self, obj: Any = None) -> Any:
-        """Rank 0's `obj` on every rank (pickled through the gloo group)."""
-        if self.rank == 0:
-            raw = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-            size = torch.tensor([raw.numel()], dtype=torch.long)
-        else:
-            size = torch.zeros(1, dtype=torch.long)
-        self.broadcast(size, self.ctrl)
-        if self.rank != 0:
-            raw = torch.empty(int(size.item()), dtype=torch.uint8)
-        self.broadcast(raw, self.ctrl)
-        return obj if self.rank == 0 else pickle.loads(raw.numpy().tobytes())
-
-    def barrier(self) -> None:
-        self.ctrl.barrier().wait()
-
-
-def _packet_tensors(inputs: dict[str, torch.Tensor | None]) -> list[tuple[str, tuple, str]]:
-    return [(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in inputs.items() if v is not None]
-
-
-def _layout(batch: ForwardBatch) -> dict[str, Any]:
-    """The attention layout of a step as plain lists (ranks > 0 rebuild the metadata from it)."""
-    return {"spans": [(s.start, s.end, list(s.seq.block_table)) for s in batch.spans], "taps": tuple(batch.tap_layers)}
-
-
-def _attention(layout: dict[str, Any], block_size: int, device, kernel) -> Any:
-    from omni.layers.paged_attention import AttentionMetadata
-
-    spans = layout["spans"]
-    slots = [table[p // block_size] * block_size + p % block_size for start, end, table in spans
-             for p in range(start, end)]
-    attn = AttentionMetadata.build(slots, [t for _, _, t in spans], [s for s, _, _ in spans],
-                                   [e for _, e, _ in spans], block_size, device)
-    attn.decode_kernel = kernel
-    return attn
+__all__ = ["CacheRecipe", "ShardRecipe", "TensorParallelError", "TensorParallelModel", "backend_for"]
 
 
 class TensorParallelModel(ARModel):
@@ -167,7 +48,7 @@ class TensorParallelModel(ARModel):
     supports_cuda_graphs = False  # capture with collectives is not done
     decode_form = None
 
-    def __init__(self, shard: Any, groups: _Groups, workers: list[Any]) -> None:
+    def __init__(self, shard: Any, groups: Groups, workers: list[Any]) -> None:
         self.shard = shard
         self.groups = groups
         self.workers = workers
@@ -197,11 +78,11 @@ class TensorParallelModel(ARModel):
         from omni.gpu_env import keep_multicast_off
 
         keep_multicast_off()  # the ranks inherit this process's environment
-        backend, port = backend_for(devices), _free_port()
+        backend, port = backend_for(devices), free_port()
         ctx = mp.get_context("spawn")
         workers = []
         for rank in range(1, size):
-            proc = ctx.Process(target=_worker_main, args=(rank, size, port, backend, devices[rank], recipe, cache,
+            proc = ctx.Process(target=worker_main, args=(rank, size, port, backend, devices[rank], recipe, cache,
                                                           timeout_s, os.getpid()),
                                name=f"omni-tp-rank{rank}", daemon=True)
             proc.start()
@@ -219,7 +100,7 @@ class TensorParallelModel(ARModel):
         self._check()
         inputs = self.shard.step_inputs(batch)
         try:
-            self.groups.broadcast_object({"op": STEP, "layout": _layout(batch), "tensors": _packet_tensors(inputs)})
+            self.groups.broadcast_object({"op": STEP, "layout": step_layout(batch), "tensors": packet_tensors(inputs)})
             for name, value in inputs.items():
                 if value is not None:
                     self.groups.broadcast(value.contiguous())
@@ -293,7 +174,7 @@ class TensorParallelModel(ARModel):
 
 
 def _join_as_rank0(recipe: ShardRecipe, size: int, device: str, backend: str, port: int, timeout_s: float,
-                   workers: list[Any]) -> tuple[_Groups, Any]:
+                   workers: list[Any]) -> tuple[Groups, Any]:
     """Join the group, build rank 0's shard, wait until every rank has its own. In a thread of its
     own, so that a rank that dies meanwhile (a bad checkpoint, no memory) fails the start at once
     rather than when the store's timeout ends."""
@@ -305,7 +186,7 @@ def _join_as_rank0(recipe: ShardRecipe, size: int, device: str, backend: str, po
         try:
             if device.startswith("cuda"):
                 torch.cuda.set_device(torch.device(device))
-            groups = _Groups(backend, port, 0, size, timeout_s)
+            groups = Groups(backend, port, 0, size, timeout_s)
             shard = recipe(0, size, device, groups.all_reduce)
             groups.barrier()
             box["done"] = groups, shard
@@ -339,67 +220,3 @@ def _stop(workers: list[Any], timeout_s: float = 5.0) -> None:
         if proc.exitcode is None:
             proc.kill()
             proc.join(timeout_s)
-
-
-# ---- ranks 1..N-1 -------------------------------------------------------------------------
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _worker_main(rank: int, size: int, port: int, backend: str, device: str, recipe: ShardRecipe,
-                 cache: CacheRecipe, timeout_s: float, parent: int) -> None:
-    """A rank > 0: build its shard and cache, then run every step rank 0 broadcasts until told to stop."""
-    _die_with_parent()
-    if os.getppid() != parent:
-        return
-    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s tp-rank{rank} %(levelname)s %(name)s: %(message)s")
-    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    if device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(device))
-    try:
-        groups = _Groups(backend, port, rank, size, timeout_s)
-        shard = recipe(rank, size, device, groups.all_reduce)
-        kv_cache, kernel = _worker_cache(shard, cache, device)
-        groups.barrier()
-    except BaseException:
-        log.exception("rank %d could not start", rank)
-        os._exit(1)  # at once: rank 0 watches for the exit code
-    try:
-        with torch.inference_mode():
-            while True:
-                header = groups.broadcast_object()
-                if header["op"] == STOP:
-                    break
-                inputs = {}
-                for name, shape, dtype in header["tensors"]:
-                    inputs[name] = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
-                    groups.broadcast(inputs[name])
-                layout = header["layout"]
-                batch = ForwardBatch(
-                    input_ids=torch.empty(0, dtype=torch.long, device=device), positions=inputs.get("positions"),
-                    inputs_embeds=None, spans=[], attn=_attention(layout, cache.block_size, device, kernel),
-                    kv_cache=kv_cache, tap_layers=layout["taps"])
-                shard.run_layers(inputs, batch)
-    except RuntimeError as exc:  # rank 0 is gone (or failed): nothing more to do
-        log.warning("rank %d stops: %s", rank, exc)
-        os._exit(1)
-    os._exit(0)  # no teardown of the groups (their peers may be gone)
-
-
-def _worker_cache(shard: Any, cache: CacheRecipe, device: str) -> tuple[torch.Tensor, Any]:
-    """This rank's KV cache (its heads only) and decode kernel, as `AREngine` makes rank 0's."""
-    from omni.layers.paged_attention import allocate_kv_cache
-    from omni.stages.ar.config import EngineConfig
-    from omni.stages.ar.engine import decode_kernel
-
-    spec = shard.kv_cache_spec()
-    dtype = getattr(torch, cache.dtype) if cache.dtype else spec.dtype
-    kv = allocate_kv_cache(spec.num_layers, cache.num_blocks, cache.block_size, spec.num_kv_heads, spec.head_dim,
-                           dtype, device)
-    config = EngineConfig(block_size=cache.block_size, num_blocks=cache.num_blocks, device=device,
-                          max_model_len=cache.block_size, attention_backend=cache.attention_backend)
-    return kv, decode_kernel(config, kv)

@@ -8,8 +8,9 @@ each gives every rank the same hidden state as one unsplit model. The router and
 whole on every rank, the embeddings and lm_head on rank 0 only (it alone embeds and samples).
 
 Weights are sliced when loaded: each rank reads the checkpoint (on the host), keeps its slices
-and builds a model of the split sizes, so a rank's GPU only ever holds its shard. With `load_format="random"` each rank draws its own slices (a seed per
-rank), which is right for speed, not for output.
+and builds a model of the split sizes, so a rank's GPU only ever holds its shard. With
+`load_format="random"` each rank draws its own slices (a seed per rank), which is right for
+speed, not for output.
 """
 
 from __future__ import annotations
