@@ -94,8 +94,9 @@ def test_devices_are_one_per_replica():
     apply_overrides(graph, {"talker": {"devices": ["cuda:1", "cuda:2"]}})
     assert graph.stage("talker").all_devices() == ["cuda:1", "cuda:2"]
     assert Graph.from_dict(graph.to_dict()).stage("talker").device_of(1) == "cuda:2"  # survives the trip to a process
-    with pytest.raises(GraphError, match="one per replica"):
-        apply_overrides(graph, {"talker": {"devices": ["cuda:1"]}})
+    for bad in (["cuda:1"], [1, 2]):
+        with pytest.raises(GraphError, match="one device per replica"):
+            apply_overrides(graph, {"talker": {"devices": bad}})
 
 
 def test_an_edge_uses_cuda_ipc_only_when_every_replica_of_both_ends_is_on_a_gpu():

@@ -110,9 +110,10 @@ class Graph:
         for spec in self.stages:
             if spec.replicas < 1:
                 raise GraphError(f"stage {spec.name!r}: replicas must be >= 1")
-            if spec.devices and len(spec.devices) != spec.replicas:
-                raise GraphError(f"stage {spec.name!r}: devices names {len(spec.devices)} device(s) "
-                                 f"for {spec.replicas} replica(s); give one per replica")
+            one_each = len(spec.devices) == spec.replicas and all(isinstance(d, str) for d in spec.devices)
+            if spec.devices and not one_each:
+                raise GraphError(f"stage {spec.name!r}: devices must name one device per replica ({spec.replicas}), "
+                                 f"such as \"cuda:1\", got {spec.devices!r}")
             if spec.name != self.entry and not self.incoming(spec.name):
                 raise GraphError(f"stage {spec.name!r} has no inbound edge and is not the entry")
 
