@@ -36,7 +36,7 @@ class RouterTap:
     """Records, per engine step, the batch's spans and every MoE layer's top-k expert ids."""
 
     def __init__(self, model) -> None:
-        from omni.models.qwen3_omni.modules.thinker_layers import SparseMoE
+        from omni.layers.moe import SparseMoE
 
         self.steps: list[tuple[list, dict[int, Any]]] = []
         self._layers: dict[int, Any] = {}

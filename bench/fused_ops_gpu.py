@@ -20,8 +20,9 @@ import time
 import torch
 
 from omni.layers import fused_ops
-from omni.models.qwen3_omni.modules.rope import apply_rope, inv_freq, mrope_cos_sin
-from omni.models.qwen3_omni.modules.thinker_layers import RMSNorm
+from omni.layers.norms import RMSNorm
+from omni.layers.rotary import apply_rope, rope_inv_freq
+from omni.models.qwen3_omni.modules.rope import mrope_cos_sin
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, EXPERTS, TOP_K, LAYERS, EPS = 2048, 32, 4, 128, 128, 8, 48, 1e-6
 
@@ -53,7 +54,7 @@ def _ops(tokens: int):
     x, res, logits = rand(tokens, HIDDEN), rand(tokens, HIDDEN), rand(tokens, EXPERTS)
     q, k = rand(tokens, HEADS, HEAD_DIM), rand(tokens, KV_HEADS, HEAD_DIM)
     positions = torch.arange(tokens, device=dev).float()
-    cos, sin = mrope_cos_sin(inv_freq(HEAD_DIM, 1e6), positions, (24, 20, 20), bf)
+    cos, sin = mrope_cos_sin(rope_inv_freq(HEAD_DIM, 1e6), positions, (24, 20, 20), bf)
 
     def plain_norm(h):
         f = h.float()

@@ -89,7 +89,8 @@ class Scopes:
     def __init__(self, model) -> None:
         from torch.profiler import record_function
 
-        from omni.models.qwen3_omni.modules import thinker, thinker_layers
+        from omni.layers import attention, fused_ops, moe
+        from omni.models.qwen3_omni.modules import thinker
 
         self.rf, self.handles, self.patches, self.stack = record_function, [], [], []
         for name, mod in model.named_modules():
@@ -97,10 +98,10 @@ class Scopes:
             if cat:
                 self.handles.append(mod.register_forward_pre_hook(lambda m, a, c=cat: self._enter(c)))
                 self.handles.append(mod.register_forward_hook(lambda m, a, o: self._exit()))
-        for owner, attr, cat in ((thinker_layers, "routed_experts", "MoE experts"), (thinker_layers, "apply_rope", "rope"),
-                                 (thinker_layers.fused_ops, "qk_norm_rope", "rope"), (thinker, "mrope_cos_sin", "rope"),
-                                 (thinker_layers, "grouped_experts", "MoE experts"),
-                                 (thinker_layers, "per_expert", "MoE experts")):
+        for owner, attr, cat in ((moe, "routed_experts", "MoE experts"), (attention, "apply_rope", "rope"),
+                                 (fused_ops, "qk_norm_rope", "rope"), (thinker, "mrope_cos_sin", "rope"),
+                                 (moe, "grouped_experts", "MoE experts"),
+                                 (moe, "per_expert", "MoE experts")):
             fn = getattr(owner, attr, None)
             if fn is not None:
                 self.patches.append((owner, attr, fn))

@@ -108,7 +108,7 @@ def test_image_checks():
 
 
 def _state() -> ServerState:
-    info = ModelInfo(id="m", family="f", speaks=True, voices=["Chelsie", "Ethan"])
+    info = ModelInfo(id="m", family="f", speaks=True, voices=["Chelsie", "Ethan"], sampling_stage="thinker")
     return ServerState(kernel=None, info=info, stage_names=["thinker", "talker", "code2wav"], config=ServerConfig())
 
 

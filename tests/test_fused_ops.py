@@ -2,7 +2,7 @@
 
 CPU: typed errors and the off switch; the kernels run in triton's interpreter in a child process
 (TRITON_INTERPRET=1 must be set before triton is imported) in float32 (tight tolerance) and
-float16 (the interpreter has no bfloat16) against the torch modules (RMSNorm, rope.apply_rope,
+float16 (the interpreter has no bfloat16) against the torch modules (RMSNorm, rotary.apply_rope,
 SparseMoE.route), and a tiny thinker with the fused call sites forced on gives the same greedy
 tokens and taps as the plain path. GPU (`-m gpu`): bf16 at full thinker shapes against the eager
 path, inside a captured CUDA graph, and the tiny thinker's greedy tokens with and without.
@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from omni.layers import fused_ops
-from omni.models.qwen3_omni.config import DecoderConfig
-from omni.models.qwen3_omni.modules.rope import apply_rope
-from omni.models.qwen3_omni.modules.thinker_layers import RMSNorm, SparseMoE
+from omni.layers.moe import SparseMoE
+from omni.layers.norms import RMSNorm
+from omni.layers.rotary import apply_rope
 
 ROOT = Path(__file__).resolve().parents[1]
 EPS = 1e-6
@@ -37,11 +37,7 @@ def _norm(dim, dtype, device="cpu", seed=0):
 
 
 def _router(experts, top_k, hidden, dtype, device="cpu", norm_topk=True, seed=0):
-    cfg = DecoderConfig(vocab_size=8, hidden_size=hidden, intermediate_size=8, num_layers=1, num_heads=1, num_kv_heads=1,
-                        head_dim=8, rms_norm_eps=EPS, rope_theta=1e4, mrope_section=(), mrope_interleaved=False,
-                        max_position_embeddings=64, num_experts=experts, num_experts_per_tok=top_k,
-                        norm_topk_prob=norm_topk, moe_intermediate_size=8)
-    moe = SparseMoE(cfg)
+    moe = SparseMoE(hidden, experts, top_k, 8, norm_topk)
     g = torch.Generator().manual_seed(seed)
     moe.gate.weight.data = torch.randn(experts, hidden, generator=g) / hidden**0.5
     return moe.to(device, dtype)
@@ -240,13 +236,14 @@ def test_norms_match_the_eager_path_in_bf16(tokens, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 16, 200])
 def test_qk_norm_rope_matches_the_eager_path_in_bf16(tokens, monkeypatch):
-    from omni.models.qwen3_omni.modules.rope import inv_freq, mrope_cos_sin
+    from omni.layers.rotary import rope_inv_freq
+    from omni.models.qwen3_omni.modules.rope import mrope_cos_sin
 
     qn, kn = _norm(HEAD_DIM, torch.bfloat16, "cuda", seed=1), _norm(HEAD_DIM, torch.bfloat16, "cuda", seed=2)
     q = _rand(tokens, HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda", seed=3)
     k = _rand(tokens, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda", seed=4)
     positions = torch.arange(1000, 1000 + tokens, device="cuda").float().expand(3, -1)
-    cos, sin = mrope_cos_sin(inv_freq(HEAD_DIM, 1e6), positions, (24, 20, 20), torch.bfloat16)
+    cos, sin = mrope_cos_sin(rope_inv_freq(HEAD_DIM, 1e6), positions, (24, 20, 20), torch.bfloat16)
     got = fused_ops.qk_norm_rope(q, k, qn.weight, kn.weight, EPS, cos, sin)
     ref = _eager(monkeypatch, lambda: (apply_rope(qn(q), cos, sin), apply_rope(kn(k), cos, sin)))
     # float32 truth from the same bf16 inputs: the fused kernel rounds once at the end, the eager

@@ -23,6 +23,7 @@ from omni.stages.ar import sglang_backend
 from omni.vendor import sglang as vendor
 
 TAPS = (0, 24)
+TAPS_MODEL = "omni.vendor.sglang_models:OmniQwen3MoeTaps"  # what Qwen3-Omni's thinker stage names
 
 
 class FakeTokenizerManager:
@@ -93,9 +94,10 @@ def run_to_end(engine, rids, limit=2000):
 
 def test_tokens_and_taps_match_positions(fake_sglang):
     cfg = EngineConfig(max_num_seqs=8, max_model_len=64, tap_layers=TAPS, eos_token_ids=(5,))
-    eng = sglang_backend.SGLangEngine("/model", cfg)
+    eng = sglang_backend.SGLangEngine("/model", cfg, taps_model=TAPS_MODEL)
     try:
-        assert json.loads(eng._sgl.kwargs["json_model_override_args"]) == {"architectures": [vendor.TAPS_ARCHITECTURE]}
+        assert json.loads(eng._sgl.kwargs["json_model_override_args"]) == {"architectures": ["OmniQwen3MoeTaps"]}
+        assert os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "omni.vendor.sglang_models"
         assert os.environ[vendor.TAP_LAYERS_ENV] == "0,24" and eng._sgl.kwargs["skip_tokenizer_init"]
         prompts = {"a": [1, 2, 3, 4, 5, 6], "b": [9, 8, 7]}
         eng.add_request("a", prompts["a"], SamplingParams(temperature=0.0, max_tokens=5), return_hidden=True)
@@ -187,8 +189,19 @@ def test_stage_turns_engine_errors_into_request_errors(fake_sglang, tmp_path):
     assert stage.engine._sgl.shut
 
 
+def test_taps_need_the_family_taps_model(fake_sglang):
+    from omni.kernel.errors import GraphError
+
+    with pytest.raises(GraphError, match="taps model class"):
+        sglang_backend.SGLangEngine("/model", EngineConfig(max_num_seqs=4, max_model_len=64, tap_layers=TAPS))
+    with pytest.raises(ValueError, match="package:Class"):
+        sglang_backend.SGLangEngine("/model", EngineConfig(max_num_seqs=4, max_model_len=64, tap_layers=TAPS),
+                                    taps_model="OmniQwen3MoeTaps")
+
+
 def test_missing_prompt_rows_fail_the_request(fake_sglang):
-    eng = sglang_backend.SGLangEngine("/model", EngineConfig(max_num_seqs=4, max_model_len=64, tap_layers=TAPS))
+    eng = sglang_backend.SGLangEngine("/model", EngineConfig(max_num_seqs=4, max_model_len=64, tap_layers=TAPS),
+                                      taps_model=TAPS_MODEL)
     try:
         assert eng._sgl.kwargs["disable_radix_cache"]  # taps need every prompt row computed
         eng.add_request("hit", [777, 1, 2, 3], SamplingParams(temperature=0.0, max_tokens=4), return_hidden=True)

@@ -27,6 +27,7 @@ def setup(tmp_path_factory):
     from omni.models.qwen3_omni.config import load_config
     from omni.models.qwen3_omni.checkpoint.export_text import export_thinker_text
     from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+    from omni.models.qwen3_omni.stages.thinker_stage import ThinkerStage
     from omni.stages.ar.config import EngineConfig
     from omni.stages.ar.sglang_backend import SGLangEngine
 
@@ -37,7 +38,8 @@ def setup(tmp_path_factory):
     engine_cfg = EngineConfig(max_num_seqs=8, max_model_len=1024, tap_layers=taps, dtype="bfloat16", device="cuda")
     t0 = time.perf_counter()
     engine = SGLangEngine(str(text_dir), engine_cfg, {"attention_backend": "triton", "sampling_backend": "pytorch",
-                                                      "mem_fraction_static": 0.3, "log_level": "warning"})
+                                                      "mem_fraction_static": 0.3, "log_level": "warning"},
+                          taps_model=ThinkerStage.sglang_taps_model)
     print(f"sglang engine up in {time.perf_counter() - t0:.1f}s")
     yield ckpt, cfg, engine, taps
     engine.shutdown()

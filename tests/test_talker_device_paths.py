@@ -22,7 +22,7 @@ import torch
 from omni.kernel.stage import StageContext
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from omni.models.qwen3_omni.modules.talker import TalkerModel
-from omni.models.qwen3_omni.modules.talker_layers import tied_router_experts
+from omni.layers.moe import tied_router_experts
 from omni.models.qwen3_omni.stages.talker_stage import TalkerStage
 from omni.models.qwen3_omni.checkpoint.tokenizer_offline import token_ids
 

@@ -22,7 +22,7 @@ from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from omni.models.qwen3_omni.checkpoint.tokenizer_offline import token_ids
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
-from omni.models.qwen3_omni.modules.thinker_layers import DenseMLP
+from omni.layers.mlp import GatedMLP
 from omni.models.qwen3_omni.modules.thinker_tp import shard_config, shard_state
 from omni.models.qwen3_omni.stages.thinker_stage import ThinkerStage
 from omni.placement import rank_devices
@@ -61,12 +61,12 @@ def test_expert_slices_sum_to_the_full_moe(ckpt):
 
 def test_dense_slices_sum_to_the_full_mlp():
     torch.manual_seed(0)
-    full = DenseMLP(8, 12, "silu")
+    full = GatedMLP(8, 12, "silu")
     state = {f"model.layers.0.mlp.{k}": v for k, v in full.state_dict().items()}
     x = torch.randn(3, 8)
     total = 0
     for rank in range(2):
-        shard = DenseMLP(8, 6, "silu")
+        shard = GatedMLP(8, 6, "silu")
         shard.load_state_dict({k.split("mlp.")[1]: v for k, v in shard_state(state, rank, 2).items()})
         total = total + shard(x)
     torch.testing.assert_close(total, full(x), atol=1e-6, rtol=1e-5)

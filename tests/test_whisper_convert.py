@@ -180,7 +180,7 @@ def test_real_base_from_two_packages_matches_transformers(tmp_path):
     out = convert(sources, tmp_path / "base")
     pcm = speak("The juice of lemons makes fine punch.", tmp_path, "base")
     enc, dec = make_stages(out)
-    sampling = {"thinker": {"max_tokens": 40}}
+    sampling = {"decoder": {"max_tokens": 40}}
     got = run_stages(enc, dec, {"r": audio_params(pcm, language="en", sampling=sampling),
                                 "detect": audio_params(pcm, sampling=sampling),
                                 "translate": audio_params(pcm, language="de", task="translate", sampling=sampling)})

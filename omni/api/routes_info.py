@@ -9,13 +9,12 @@ from aiohttp import web
 
 from omni.api.errors import ApiError
 from omni.api.metrics import CONTENT_TYPE
+from omni.api.state import STATE
 
 log = logging.getLogger("omni.api")
 
 
 def _state(request: web.Request):
-    from omni.api.app import STATE
-
     return request.app[STATE]
 
 

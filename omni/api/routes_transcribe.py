@@ -25,6 +25,7 @@ from omni.api.params import transcribe_params
 from omni.api.routes_audio import _read_form
 from omni.api.schemas import TRANSCRIPTION_FORMATS
 from omni.api.sse import SseStream
+from omni.api.state import STATE
 
 TRANSCRIBE_ROUTE = "/v1/audio/transcriptions"
 TRANSLATE_ROUTE = "/v1/audio/translations"
@@ -89,8 +90,6 @@ async def translations(request: web.Request) -> web.StreamResponse:
 
 
 async def _serve(request: web.Request, task: str) -> web.StreamResponse:
-    from omni.api.app import STATE
-
     state = request.app[STATE]
     fields, audio = await within_body_timeout(request, _read_form(request, state.config.limits.max_audio_bytes))
     if "model" not in fields:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from omni.api.app import STATE
+from omni.api.state import STATE
 from omni.api.connections import GuardedRunner
 
 log = logging.getLogger("omni.api")

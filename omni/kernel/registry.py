@@ -1,14 +1,17 @@
-"""The registry of stage kinds and model families, filled by omni itself and by plugins.
+"""The registry of stage kinds, model families and their CLI commands, filled by the families.
 
-Entries are `module:attr` strings, resolved only when used, so the kernel stays free of torch
-and a stage process imports only what it runs. Plugins expose an `omni.plugins` entry point:
-a callable that receives this module's `Registry` and registers what it provides.
+Every family registers itself with one call, `register(registry)`: omni's own are the subpackages
+of `omni.models` (found by `discover`, each `__init__.py` defining `register`), plugins expose it as
+an `omni.plugins` entry point. Entries are `module:attr` strings, resolved only when used, so the
+kernel stays free of torch and a stage process imports only what it runs (a family's `__init__.py`
+holds nothing but its `register`).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import pkgutil
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -29,6 +32,7 @@ class ModelInfo:
     random_weights: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     max_context: int | None = None  # prompt tokens the model takes; longer prompts are refused up front
+    sampling_stage: str | None = None  # the stage whose sampling a request's top-level fields set (None: none)
 
 
 # A token covers at most this many characters of ordinary text, so a prompt of more than
@@ -49,6 +53,25 @@ class FamilyEntry:
         extras = [", ".join(self.tasks)] if self.tasks else []
         extras += [f"voices {', '.join(self.voices)}"] if self.voices else []
         return f"family:{self.name}" + (f" ({'; '.join(extras)})" if extras else "")
+
+
+@dataclass
+class CommandEntry:
+    """`omnid NAME ARGS...` runs `target(argv)` (argv: the args after NAME); it returns an exit code or None."""
+
+    name: str
+    target: str
+    help: str = ""
+    provider: str = "omni"
+
+
+@dataclass
+class DefaultEntry:
+    """A model `omnid serve` serves when no --model is given: `target(cache_dir) -> model dir | None`."""
+
+    family: str
+    target: str
+    beside: bool = False  # served next to the main default (when target finds one), not instead of it
 
 
 @dataclass
@@ -73,14 +96,23 @@ def resolve(target: str) -> Any:
 class Registry:
     def __init__(self) -> None:
         self.stage_kinds: dict[str, str] = {}
+        self.stage_args: dict[str, str] = {}  # kind -> "module:ArgsClass" (torch-free); absent: free-form args
         self.families: dict[str, FamilyEntry] = {}
+        self.commands: dict[str, CommandEntry] = {}  # omnid subcommands families add
+        self.tiny_writers: dict[str, str] = {}  # family -> "module:main" of `omnid make-tiny FAMILY DIR [flags]`
+        self.defaults: list[DefaultEntry] = []  # the embedded default models (at most one not `beside`)
         self.plugins: list[PluginReport] = []
+        self.family_errors: dict[str, str] = {}  # omni's own family package -> why its register failed
         self._current_provider = "omni"
         self._provided: list[str] = []  # what the plugin being loaded registered
         self.plugins_loaded = False
 
-    def register_stage(self, kind: str, target: str) -> None:
+    def register_stage(self, kind: str, target: str, args: str | None = None) -> None:
+        """`args`: the kind's typed arguments, a dataclass in a torch-free module (see
+        omni/stages/args.py); without it the kind takes free-form dict args, unchecked."""
         self.stage_kinds[kind] = target
+        if args:
+            self.stage_args[kind] = args
         self._provided.append(f"stage:{kind}")
 
     def register_family(self, name: str, target: str, architectures: list[str] | tuple[str, ...] = (), *,
@@ -88,6 +120,29 @@ class Registry:
         entry = FamilyEntry(name, target, list(architectures), self._current_provider, list(tasks), list(voices))
         self.families[name] = entry
         self._provided.append(entry.describe())
+
+    def register_command(self, name: str, target: str, help: str = "") -> None:
+        """`omnid NAME ...` calls `target(argv)`, e.g. a family's checkpoint converter."""
+        self.commands[name] = CommandEntry(name, target, help, self._current_provider)
+        self._provided.append(f"command:{name}")
+
+    def register_tiny(self, family: str, target: str) -> None:
+        """`omnid make-tiny FAMILY DIR [flags]` calls `target([DIR, flags...])`, which parses its own flags."""
+        self.tiny_writers[family] = target
+        self._provided.append(f"make-tiny:{family}")
+
+    def register_default(self, family: str, target: str, *, beside: bool = False) -> None:
+        """What `omnid serve` without --model serves: `target(cache_dir)` returns the family's model dir
+        (None: not available here). One main default; `beside` ones are served next to it."""
+        main = self.default_model()
+        if not beside and main is not None and main.family != family:
+            raise ValueError(f"family {main.family!r} is already the default model; {family!r} cannot be too")
+        self.defaults = [d for d in self.defaults if (d.family, d.beside) != (family, beside)]
+        self.defaults.append(DefaultEntry(family, target, beside))
+        self._provided.append(f"default:{family}" + (" (beside)" if beside else ""))
+
+    def default_model(self) -> DefaultEntry | None:
+        return next((d for d in self.defaults if not d.beside), None)
 
     def stage_class(self, kind: str) -> Any:
         """A stage kind is a registered name or a `module:factory` string. An unknown name loads the
@@ -98,6 +153,15 @@ class Registry:
         if ":" not in target:
             raise ValueError(f"unknown stage kind {kind!r}; registered: {sorted(self.stage_kinds)}")
         return resolve(target)
+
+    def stage_args_class(self, kind: str) -> type | None:
+        """The args class of a kind (a registered name, or the `module:Class` it is registered as),
+        or None for a kind that takes free-form args."""
+        if kind not in self.stage_kinds and ":" not in kind and not self.plugins_loaded:
+            self.load_plugins()
+        names = [kind] + [name for name, target in self.stage_kinds.items() if target == kind]
+        target = next((self.stage_args[n] for n in names if n in self.stage_args), None)
+        return resolve(target) if target else None
 
     def family_for(self, architectures: list[str] | None = None, name: str | None = None) -> FamilyEntry:
         if name:
@@ -110,36 +174,50 @@ class Registry:
         raise ValueError(f"no model family serves architectures {architectures}; known: "
                          f"{ {n: e.architectures for n, e in self.families.items()} }")
 
+    def discover(self, package: str = "omni.models") -> None:
+        """Register every subpackage of `package` that defines `register` (omni's own families).
+        A family that fails is logged and kept in `family_errors`, the others still load."""
+        for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            if not info.ispkg:
+                continue
+            name = f"{package}.{info.name}"
+            error = self._run_register("omni", lambda n=name: getattr(importlib.import_module(n), "register", None))
+            if error:
+                log.warning("model family %s failed to register: %s", name, error)
+                self.family_errors[name] = error
+
     def load_plugins(self, group: str = "omni.plugins") -> list[PluginReport]:
         """Run every installed plugin's entry point; a broken one is reported, never fatal."""
         self.plugins = []
         self.plugins_loaded = True
         for ep in metadata.entry_points(group=group):
-            self._current_provider, self._provided = ep.name, []
-            stages, families = dict(self.stage_kinds), dict(self.families)
-            try:
-                ep.load()(self)
-            except Exception as exc:  # a plugin's bug must not stop the others
-                log.warning("plugin %s failed to load: %s: %s", ep.name, type(exc).__name__, exc)
-                self.stage_kinds, self.families = stages, families  # nothing of it stays half-registered
-                self.plugins.append(PluginReport(ep.name, False, error=f"{type(exc).__name__}: {exc}"))
-                continue
-            finally:
-                self._current_provider = "omni"
-            self.plugins.append(PluginReport(ep.name, True, list(self._provided)))
+            error = self._run_register(ep.name, ep.load)
+            if error:
+                log.warning("plugin %s failed to load: %s", ep.name, error)
+                self.plugins.append(PluginReport(ep.name, False, error=error))
+            else:
+                self.plugins.append(PluginReport(ep.name, True, list(self._provided)))
         self._provided = []
         return self.plugins
 
+    def _run_register(self, provider: str, load) -> str:
+        """Call the `register` that `load()` returns (None: not a family, skipped); an error is
+        returned, never raised, and nothing of that family stays half-registered."""
+        self._current_provider, self._provided = provider, []
+        saved = (dict(self.stage_kinds), dict(self.stage_args), dict(self.families), dict(self.commands),
+                 dict(self.tiny_writers), list(self.defaults))
+        try:
+            register = load()
+            if register is not None:
+                register(self)
+        except Exception as exc:  # a family's bug must not stop the others
+            (self.stage_kinds, self.stage_args, self.families, self.commands, self.tiny_writers,
+             self.defaults) = saved
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            self._current_provider = "omni"
+        return ""
+
 
 REGISTRY = Registry()
-
-# omni's own stage kinds and families
-for _kind, _target in {
-    "demo.encoder": "omni.stages.demo:ToyEncoder",
-    "demo.generator": "omni.stages.demo:ToyGenerator",
-    "demo.vocoder": "omni.stages.demo:ToyVocoder",
-}.items():
-    REGISTRY.register_stage(_kind, _target)
-REGISTRY.register_family("demo", "omni.stages.demo:build_demo", ["OmniDemo"])
-REGISTRY.register_family("qwen3-omni", "omni.models.qwen3_omni.graph:build", ["Qwen3OmniMoeForConditionalGeneration"])
-REGISTRY.register_family("whisper", "omni.models.whisper.graph:build", ["WhisperForConditionalGeneration"], tasks=["transcribe"])
+REGISTRY.discover()  # omni's own families: omni/models/<family>/__init__.py

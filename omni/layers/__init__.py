@@ -1,1 +1,3 @@
-
+"""The building blocks every family shares, each written once: norms, rotary, attention (the q/k/v
+front end), mlp, moe, transformer (Whisper's pre-LayerNorm block), and the Triton kernels beside
+their torch fallbacks (fused_ops, moe_routed / moe_triton, paged_attention / triton_attention)."""

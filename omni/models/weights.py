@@ -105,7 +105,8 @@ def load_into(
     module, ckpt_dir: str | Path, prefix: str, dtype=None, device: str = "cpu", allow_unused: bool = False
 ) -> None:
     """Fill `module`'s parameters and persistent buffers from `prefix`; every one must be present
-    with its exact shape, and (unless `allow_unused`) no tensor under the prefix may be left over."""
+    with its exact shape, and (unless `allow_unused`) no tensor under the prefix may be left over.
+    The module comes back in eval mode without gradients (weights to serve)."""
     want = module.state_dict()
     state = load_state_dict(ckpt_dir, prefix, device=device, dtype=dtype, expect=want.keys())
     unused = sorted(set(state) - set(want))
@@ -118,6 +119,56 @@ def load_into(
                 f"{prefix}.{name}: checkpoint shape {tuple(tensor.shape)} != module {tuple(want[name].shape)}"
             )
     module.load_state_dict(state, strict=True, assign=True)
+    module.eval().requires_grad_(False)
+
+
+def load_module(make, ckpt_dir: str | Path, prefix: str, dtype=None, device: str = "cpu"):
+    """`make()` built on `device` (no host copy), then filled from `prefix` by `load_into`."""
+    import torch
+
+    with torch.device(device):
+        module = make()
+    load_into(module, ckpt_dir, prefix, dtype=dtype, device=device)
+    return module
+
+
+def load_weights(module, tensors, prefix: str) -> None:
+    """Copy `tensors[prefix + name]` into every parameter of `module`.
+
+    `tensors` is any mapping from checkpoint names to tensors (a state dict or a lazy
+    safetensors view). Routed experts are accepted fused (`experts.gate_up_proj`, as
+    transformers holds them) or per expert (`experts.{e}.gate_proj.weight`, as checkpoints
+    store them).
+    """
+    import torch
+
+    for name, param in module.named_parameters():
+        key = prefix + name
+        if key in tensors:
+            value = tensors[key]
+        elif name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+            value = _stack_experts(tensors, key, param.shape[0])
+        else:
+            raise CheckpointError(f"checkpoint has no weight {key!r}")
+        if tuple(value.shape) != tuple(param.shape):
+            raise CheckpointError(f"weight {key!r} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
+        with torch.no_grad():
+            param.copy_(value.to(param.dtype))
+
+
+def _stack_experts(tensors, key: str, num_experts: int):
+    import torch
+
+    base = key.rsplit(".", 1)[0]  # "...mlp.experts"
+    try:
+        if key.endswith("gate_up_proj"):
+            return torch.stack(
+                [torch.cat((tensors[f"{base}.{e}.gate_proj.weight"], tensors[f"{base}.{e}.up_proj.weight"]), 0)
+                 for e in range(num_experts)]
+            )
+        return torch.stack([tensors[f"{base}.{e}.down_proj.weight"] for e in range(num_experts)])
+    except KeyError as exc:
+        raise CheckpointError(f"checkpoint has no weight {key!r} nor its per-expert form ({exc})") from None
 
 
 def _dotted(prefix: str) -> str:

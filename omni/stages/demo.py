@@ -109,8 +109,7 @@ class ToyGenerator(Stage):
         self.steps = 0
 
     def open(self, rid: str, params: dict[str, Any]) -> None:
-        stages = params.get("sampling", {})  # its own name, or the API's name for the text model
-        sampling = stages.get(self.ctx.name) or stages.get("thinker") or {}
+        sampling = params.get("sampling", {}).get(self.ctx.name) or {}
         max_tokens = int(sampling.get("max_tokens", params.get("max_tokens", 16)))
         if not 1 <= max_tokens <= 100_000:
             raise InvalidRequest(f"max_tokens must be in [1, 100000], got {max_tokens}")
@@ -259,5 +258,6 @@ def needs(params: dict[str, Any]) -> set[str]:
 
 def build_demo(model_dir: str | None = None, variant: str | None = None, **options: Any) -> tuple[Graph, ModelInfo]:
     info = ModelInfo(id="omni-demo", family="demo", speaks=True, voices=["tone"], sample_rate=SAMPLE_RATE,
-                     random_weights=True, max_context=MAX_CONTEXT)
+                     random_weights=True, max_context=MAX_CONTEXT, sampling_stage="generator",
+                     extra={"audio_input": True})
     return demo_graph(), info

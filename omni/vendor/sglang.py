@@ -12,7 +12,10 @@ warning: internals omni touches may have moved.
 Model classes: `omni.vendor.sglang_models` holds classes omni adds to SGLang's model registry
 (SGLang imports them in its own processes when `SGLANG_EXTERNAL_MODEL_PACKAGE` names the package):
 `OmniQwen3MoeTaps` returns chosen layers' hidden states (the talker's taps); `taps_server_args`
-turns it on for an engine.
+turns such a class on for an engine (the family names its class: `ARStage.sglang_taps_model`).
+
+Internals: the calls omni makes into SGLang beyond `sglang.Engine`'s public methods
+(`abort_request`, `pool_usage`: its tokenizer manager) are here, so a moved internal is fixed once.
 
 Patches: `PATCHES` lists the changes omni makes to SGLang at import, each a `Patch` record saying
 what it fixes, the versions it applies to and when it can be deleted. `require` applies them once,
@@ -130,21 +133,24 @@ def reset_for_tests() -> None:
         _state.pop(key, None)
 
 
-TAPS_MODEL_PACKAGE = "omni.vendor.sglang_models"
-TAPS_ARCHITECTURE = "OmniQwen3MoeTaps"
 TAP_LAYERS_ENV = "OMNI_SGLANG_TAP_LAYERS"
 
 
-def taps_server_args(tap_layers) -> dict[str, Any]:
+def taps_server_args(tap_layers, model: str) -> dict[str, Any]:
     """`sglang.Engine` arguments (and environment, inherited by SGLang's processes) that serve a
-    Qwen3-MoE checkpoint with `OmniQwen3MoeTaps`: each returned hidden-state row is the
-    concatenation of the residual stream entering `tap_layers` (ascending)."""
-    os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = TAPS_MODEL_PACKAGE
+    checkpoint with the taps model class `model` ("package:Class", e.g.
+    "omni.vendor.sglang_models:OmniQwen3MoeTaps"; SGLang imports every module of the package):
+    each returned hidden-state row is the concatenation of the residual stream entering
+    `tap_layers` (ascending)."""
+    package, _, architecture = model.partition(":")
+    if not package or not architecture:
+        raise ValueError(f"a taps model is 'package:Class', got {model!r}")
+    os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = package
     os.environ[TAP_LAYERS_ENV] = ",".join(str(t) for t in sorted(tap_layers))
     # Radix (prefix) caching off: a cached prefix is not recomputed, so its rows would be missing
     # (seen on the H200, 2026-11-30: a repeated prompt came back with one row, its last token's).
     # Prefill eagerly: how SGLang's piecewise prefill graphs treat the captured layers is untested.
-    return {"json_model_override_args": json.dumps({"architectures": [TAPS_ARCHITECTURE]}),
+    return {"json_model_override_args": json.dumps({"architectures": [architecture]}),
             "enable_return_hidden_states": True, "disable_radix_cache": True, "disable_prefill_cuda_graph": True}
 
 
@@ -164,3 +170,9 @@ async def pool_usage(engine) -> dict[str, int]:
     snap = loads[0]
     return {"running": int(snap.num_running_reqs), "waiting": int(snap.num_waiting_reqs),
             "used_tokens": int(snap.num_used_tokens), "capacity": int(snap.max_total_num_tokens)}
+
+
+def abort_request(engine, rid: str) -> None:
+    """Stop request `rid` of an `sglang.Engine` (its scheduler frees the KV when the abort reaches
+    it); called on the engine's event loop."""
+    engine.tokenizer_manager.abort_request(rid)

@@ -19,7 +19,7 @@ from omni.api.schemas import StageSampling, decode_body
 from omni.api.realtime.vad import VadSettings
 
 if TYPE_CHECKING:
-    from omni.api.app import ServerState
+    from omni.api.state import ServerState
 
 PCM_RATE = 24000
 _BETA_FORMATS = ("pcm16",)

@@ -26,7 +26,7 @@ from omni.api.realtime.conversation import Item, Part, new_id
 from omni.api.realtime.vad import VAD_RATE
 
 if TYPE_CHECKING:
-    from omni.api.app import ServerState
+    from omni.api.state import ServerState
 
 log = logging.getLogger("omni.api")
 ROUTE = "/v1/realtime"

@@ -20,6 +20,7 @@ from aiohttp import WSMsgType, web
 from omni.api.errors import ApiError
 from omni.api.params import check_model
 from omni.api.realtime.session import RealtimeSession
+from omni.api.state import STATE
 
 log = logging.getLogger("omni.api")
 ROUTE = "/v1/realtime"
@@ -72,8 +73,6 @@ class Outbox:
 
 
 async def realtime(request: web.Request) -> web.WebSocketResponse:
-    from omni.api.app import STATE
-
     state = request.app[STATE]
     if state.draining:
         raise ApiError(503, "server is shutting down; not accepting new sessions", code="shutting_down")

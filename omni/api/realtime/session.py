@@ -28,7 +28,7 @@ from omni.api.realtime.transcripts import Transcripts
 from omni.api.realtime.vad import VAD_RATE, WINDOW, SpeechDetector
 
 if TYPE_CHECKING:
-    from omni.api.app import ServerState
+    from omni.api.state import ServerState
 
 log = logging.getLogger("omni.api")
 _VAD_POOL = ThreadPoolExecutor(2, thread_name_prefix="omni-vad")
@@ -37,9 +37,8 @@ _decode = msgspec.json.Decoder().decode
 
 
 def hears(state: ServerState) -> bool:
-    """Does the main model take audio input (else Whisper transcribes each audio turn for it)?"""
-    info = state.info
-    return bool(info.extra.get("audio_input", info.family in ("qwen3-omni", "demo")))
+    """Does the main model take audio input (else a served transcriber transcribes each audio turn for it)?"""
+    return bool(state.info.extra.get("audio_input"))
 
 
 class RealtimeSession:

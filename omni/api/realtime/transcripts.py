@@ -21,7 +21,7 @@ from omni.api.realtime.response import ROUTE, error_event
 from omni.api.realtime.vad import VAD_RATE
 
 if TYPE_CHECKING:
-    from omni.api.app import ServerState
+    from omni.api.state import ServerState
 
 
 class Transcripts:

@@ -1,0 +1,12 @@
+"""The Qwen3-Omni family: its registration (kept import-light: only `module:attr` strings).
+
+modules/ (torch), stages/ (the stage classes), checkpoint/ (tiny and full-size generators,
+loaders, export), graph.build (checkpoint dir -> Graph + ModelInfo), request (what a request needs).
+"""
+
+
+def register(registry) -> None:
+    registry.register_family("qwen3-omni", "omni.models.qwen3_omni.graph:build",
+                             ["Qwen3OmniMoeForConditionalGeneration"])
+    registry.register_tiny("qwen3-omni", "omni.models.qwen3_omni.checkpoint.make_tiny:main")
+    registry.register_default("qwen3-omni", "omni.models.qwen3_omni.checkpoint.embedded:embedded_model")

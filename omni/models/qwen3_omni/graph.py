@@ -129,7 +129,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         sample_rate=cfg.code2wav.sample_rate if cfg.code2wav is not None else 24000,
         random_weights=tiny or bool(randomized),
         max_context=max_context,
-        extra={"variant": variant, "model_dir": model_dir, "logprobs": True, **_tiny_facts(model_dir, tiny),
+        sampling_stage="thinker",
+        extra={"variant": variant, "model_dir": model_dir, "logprobs": True, "audio_input": True, **_tiny_facts(model_dir, tiny),
                **({"random_load": randomized} if randomized else {})},
     )
     return graph, info

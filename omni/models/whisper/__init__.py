@@ -14,3 +14,11 @@ does: `seek`). Audio over 30 s is cut into windows at quiet moments and the wind
 parallel (`windows`), where transformers seeks sequentially through the whole clip, so long-form
 output can differ. No temperature fallback or compression / log-prob thresholds.
 """
+
+
+def register(registry) -> None:
+    registry.register_family("whisper", "omni.models.whisper.graph:build", ["WhisperForConditionalGeneration"],
+                             tasks=["transcribe"])
+    registry.register_command("convert-whisper", "omni.models.whisper.checkpoint.convert_cli:main",
+                              help="CTranslate2 Whisper -> Hugging Face checkpoint (lossless)")
+    registry.register_default("whisper", "omni.models.whisper.checkpoint.packaged:embedded_whisper", beside=True)

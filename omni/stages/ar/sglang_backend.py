@@ -13,11 +13,12 @@ Mapping:
   penalties, max_tokens -> max_new_tokens (capped by the context left), stop_token_ids, ignore_eos,
   seed -> sampling_seed, logit_bias, suppress_token_ids -> logit_bias -inf. A penalty over output tokens only
   (`penalty_includes_prompt=False`) has no SGLang equivalent: rejected as InvalidRequest.
-- abort: `tokenizer_manager.abort_request(rid)` on the loop; SGLang frees the request's KV slots
+- abort: `vendor.abort_request` on the loop; SGLang frees the request's KV slots
   in its own pool when its scheduler sees the abort (asynchronously, unlike the built-in engine;
   `kv_usage()` reads SGLang's pool to check).
-- taps (`config.tap_layers`, the hidden states the talker consumes): the vendor's
-  `OmniQwen3MoeTaps` model captures the residual stream entering each tap layer and SGLang returns
+- taps (`config.tap_layers`, hidden states a downstream stage consumes): the family's taps model
+  class (`taps_model`, e.g. a vendor class in omni/vendor/sglang_models) captures the residual stream
+  entering each tap layer and SGLang returns
   those rows as the request's hidden states (`return_hidden_states=True`): the prompt's rows with
   the first token, then one row per fed token, as the built-in engine's taps. The rows travel as
   Python lists (SGLang's format, resent whole with each streamed chunk), so taps cost host time
@@ -41,7 +42,7 @@ from typing import Any, Callable
 
 import torch
 
-from omni.kernel.errors import InvalidRequest
+from omni.kernel.errors import GraphError, InvalidRequest
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.engine import StepOutput
 from omni.stages.ar.sequence import SamplingParams
@@ -116,8 +117,13 @@ class SGLangEngine:
     """The AR engine interface over `sglang.Engine` (see the module docstring)."""
 
     def __init__(self, model_path: str, config: EngineConfig, server_args: dict[str, Any] | None = None,
-                 poll_s: float = 0.005) -> None:
+                 poll_s: float = 0.005, taps_model: str | None = None) -> None:
+        """`taps_model`: the SGLang model class ("package:Class") that returns the tap layers'
+        hidden states; needed when `config.tap_layers` is set."""
         sglang = vendor.require(FEATURE)  # fails here, first, where sglang is not importable
+        if config.tap_layers and not taps_model:
+            raise GraphError(f"taps {list(config.tap_layers)} on the sglang backend need the family's SGLang "
+                             "taps model class (ARStage.sglang_taps_model)")
         self.config = config
         self.poll_s = poll_s
         self.tap_layers = tuple(config.tap_layers)
@@ -133,7 +139,7 @@ class SGLangEngine:
             args["disable_radix_cache"] = True  # SGLang's own prefix cache (its radix tree)
         args.update(vendor.parallel_server_args(config.tensor_parallel_size))
         if self.tap_layers:
-            args.update(vendor.taps_server_args(self.tap_layers))
+            args.update(vendor.taps_server_args(self.tap_layers, taps_model))
         args.update(server_args or {})
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-loop", daemon=True)
@@ -189,7 +195,7 @@ class SGLangEngine:
         return True
 
     async def _abort(self, rid: str, task) -> None:
-        self._sgl.tokenizer_manager.abort_request(rid)
+        vendor.abort_request(self._sgl, rid)
         task.cancel()
 
     # ---- stepping -----------------------------------------------------------------
@@ -282,9 +288,10 @@ class SGLangEngine:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def sglang_engine_for(args: dict[str, Any], config: EngineConfig, model_path: Callable[[], str]) -> SGLangEngine:
+def sglang_engine_for(args: dict[str, Any], config: EngineConfig, model_path: Callable[[], str],
+                      taps_model: str | None = None) -> SGLangEngine:
     """Build from a stage's args (sglang checked first, then `model_path()` asked: it may export a
-    checkpoint). `sglang_args` go to `sglang.Engine` (e.g. {"attention_backend": "triton"});
+    checkpoint); `taps_model` as in `SGLangEngine`. `sglang_args` go to `sglang.Engine` (e.g. {"attention_backend": "triton"});
     `load_format="random"` becomes SGLang's "dummy"; `sglang_mem_fraction` (default 0.7) leaves
     room for the other stages on the GPU."""
     vendor.require(FEATURE)
@@ -292,4 +299,4 @@ def sglang_engine_for(args: dict[str, Any], config: EngineConfig, model_path: Ca
     if args.get("load_format") == "random":
         server_args["load_format"] = "dummy"
     server_args.update(args.get("sglang_args") or {})
-    return SGLangEngine(model_path(), config, server_args)
+    return SGLangEngine(model_path(), config, server_args, taps_model=taps_model)

@@ -63,6 +63,9 @@ class ARStage(Stage):
     hidden_port = "hidden"
     param_prefix = ""
     sampling_key: str | None = None
+    # The SGLang model class ("package:Class") serving this stage's checkpoint with tap layers'
+    # hidden states (backend="sglang" with taps); the family names it, the backend names none.
+    sglang_taps_model: str | None = None
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
@@ -103,7 +106,8 @@ class ARStage(Stage):
         if backend == "sglang":
             from omni.stages.ar.sglang_backend import sglang_engine_for
 
-            self.engine = sglang_engine_for(self.ctx.args, self.engine_config(), self.sglang_model_path)
+            self.engine = sglang_engine_for(self.ctx.args, self.engine_config(), self.sglang_model_path,
+                                            self.sglang_taps_model)
             self.engine_ready()
             return
         self.engine = AREngine(self.build_model(), self.engine_config())

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from omni.models.qwen3_omni.checkpoint.tiny_presets import TinyPreset, get_preset
@@ -264,16 +263,17 @@ def _check(ok: bool, message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m omni.models.qwen3_omni.checkpoint.make_tiny DIR [--seed N] [--preset NAME]`."""
-    parser = argparse.ArgumentParser(description="write a tiny random Qwen3-Omni checkpoint")
+    """`omnid make-tiny qwen3-omni DIR [--seed N] [--preset NAME]` (or `python -m` this module)."""
+    parser = argparse.ArgumentParser(prog="omnid make-tiny qwen3-omni",
+                                     description="write a tiny random Qwen3-Omni checkpoint (for tests)")
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--preset", default="tiny-a")
+    parser.add_argument("--preset", default="tiny-a", help="size preset of the tiny model")
     parser.add_argument("--fill-talker-router", action="store_true",
                         help="random talker router (zeros otherwise: device-dependent top-k ties)")
     args = parser.parse_args(argv)
     path = make_tiny(args.out_dir, seed=args.seed, preset=args.preset, fill_talker_router=args.fill_talker_router)
-    print(path, file=sys.stderr)
+    print(f"omnid: wrote a tiny random Qwen3-Omni to {path}", flush=True)
     return 0
 
 

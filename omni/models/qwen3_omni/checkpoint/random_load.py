@@ -18,23 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from omni.layers.rotary import rope_inv_freq
+from omni.models.loading import load_format, model_dir
 from omni.models.weights import CheckpointError
 
-LOAD_FORMATS = ("auto", "safetensors", "random")
 DEFAULT_STD = 0.02
-
-
-def load_format(args: dict[str, Any]) -> str:
-    """The stage's `load_format` arg ("auto" when absent); a typed error for an unknown one."""
-    fmt = str(args.get("load_format") or "auto")
-    if fmt not in LOAD_FORMATS:
-        raise CheckpointError(f"load_format {fmt!r} is not one of {LOAD_FORMATS}")
-    return fmt
-
-
-def is_random(args: dict[str, Any]) -> bool:
-    return load_format(args) == "random"
-
 
 # torch's default dtype is process-wide: stages setting up at once in one process (inline mode) take turns
 _DEFAULT_DTYPE_LOCK = threading.Lock()
@@ -88,16 +76,24 @@ def check_materialized(module: nn.Module) -> None:
                 raise RuntimeError(f"random load left {mod_name + '.' if mod_name else ''}{name} on the meta device")
 
 
+@contextlib.contextmanager
+def _randomized(make, device, dtype: torch.dtype, seed: int, std: float):
+    """`make()` built on the meta device, its parameters drawn on `device`; the body refills the
+    non-parameter tensors (under no_grad), then every tensor must be materialized."""
+    with _meta(dtype):
+        model = make()
+    randomize_(model, device, seed, std)
+    with torch.no_grad():
+        yield model
+    check_materialized(model)
+
+
 def random_thinker(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: float = DEFAULT_STD):
     """`Qwen3OmniThinker` (text model + lm_head) of `cfg` (a ThinkerConfig) with random weights."""
-    from omni.models.qwen3_omni.modules.rope import inv_freq
     from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
 
-    with _meta(dtype):
-        model = Qwen3OmniThinker(cfg, dtype)
-    randomize_(model, device, seed, std)
-    model.inv_freq = inv_freq(cfg.text.head_dim, cfg.text.rope_theta).to(device)
-    check_materialized(model)
+    with _randomized(lambda: Qwen3OmniThinker(cfg, dtype), device, dtype, seed, std) as model:
+        model.inv_freq = rope_inv_freq(cfg.text.head_dim, cfg.text.rope_theta).to(device)
     return model
 
 
@@ -105,19 +101,14 @@ def random_talker(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: f
     """`TalkerModel` (+ code predictor) of `cfg` (a Qwen3OmniConfig); the tts rows come from random
     thinker embedding rows through the (random) text projection, as a real load computes them."""
     from omni.models.qwen3_omni.modules.talker import TalkerModel
-    from omni.models.qwen3_omni.modules.talker_layers import rope_inv_freq
 
-    with _meta(dtype):
-        model = TalkerModel(cfg)
-    randomize_(model, device, seed, std)
     t = cfg.talker
-    model.inv_freq = rope_inv_freq(t.text.head_dim, t.text.rope_theta).to(device)
-    model.code_predictor.inv_freq = rope_inv_freq(t.code_predictor.head_dim, t.code_predictor.rope_theta).to(device)
-    gen = torch.Generator(device=device).manual_seed(int(seed) + 1)
-    rows = torch.randn(3, t.thinker_hidden_size, generator=gen, device=device, dtype=torch.float32) * std
-    with torch.no_grad():
+    with _randomized(lambda: TalkerModel(cfg), device, dtype, seed, std) as model:
+        model.inv_freq = rope_inv_freq(t.text.head_dim, t.text.rope_theta).to(device)
+        model.code_predictor.inv_freq = rope_inv_freq(t.code_predictor.head_dim, t.code_predictor.rope_theta).to(device)
+        gen = torch.Generator(device=device).manual_seed(int(seed) + 1)
+        rows = torch.randn(3, t.thinker_hidden_size, generator=gen, device=device, dtype=torch.float32) * std
         model.tts_embeds.copy_(model.text_projection(rows.to(model.tts_embeds.dtype)))
-    check_materialized(model)
     return model
 
 
@@ -125,15 +116,9 @@ def random_code2wav(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std:
     """`Code2Wav` of `cfg` (a Code2WavConfig)."""
     from omni.models.qwen3_omni.modules.code2wav import Code2Wav
 
-    with _meta(dtype):
-        model = Code2Wav(cfg)
-    randomize_(model, device, seed, std)
-    with torch.no_grad():
+    with _randomized(lambda: Code2Wav(cfg), device, dtype, seed, std) as model:
         model.code_offset = (torch.arange(cfg.num_quantizers, device=device).view(1, -1, 1) * cfg.codebook_size)
-        pre = model.pre_transformer
-        pre.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float, device=device)
-                                                 / cfg.head_dim))
-    check_materialized(model)
+        model.pre_transformer.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, device)
     return model
 
 
@@ -141,26 +126,17 @@ def random_audio_encoder(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0,
     """`AudioEncoder` of `cfg` (an AudioEncoderConfig)."""
     from omni.models.qwen3_omni.modules.audio_encoder import AudioEncoder, sinusoids
 
-    with _meta(dtype):
-        model = AudioEncoder(cfg)
-    randomize_(model, device, seed, std)
-    model.positions = sinusoids(cfg.max_source_positions, cfg.d_model).to(device)  # float32, as a real load
-    check_materialized(model)
+    with _randomized(lambda: AudioEncoder(cfg), device, dtype, seed, std) as model:
+        model.positions = sinusoids(cfg.max_source_positions, cfg.d_model).to(device)  # float32, as a real load
     return model
 
 
 def random_vision_encoder(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: float = DEFAULT_STD):
     """`VisionEncoder` of `cfg` (a VisionEncoderConfig)."""
-    from omni.models.qwen3_omni.modules.vision_encoder import VisionEncoder
+    from omni.models.qwen3_omni.modules.vision_encoder import VisionEncoder, vision_inv_freq
 
-    with _meta(dtype):
-        model = VisionEncoder(cfg)
-    randomize_(model, device, seed, std)
-    head_dim = cfg.hidden_size // cfg.num_heads
-    theta = float((cfg.raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))
-    quarter = head_dim // 2
-    model.inv_freq = 1.0 / theta ** (torch.arange(0, quarter, 2, dtype=torch.float, device=device) / quarter)
-    check_materialized(model)
+    with _randomized(lambda: VisionEncoder(cfg), device, dtype, seed, std) as model:
+        model.inv_freq = vision_inv_freq(cfg, device)
     return model
 
 
@@ -179,16 +155,16 @@ def random_part(part: str, args: dict[str, Any], device) -> nn.Module | None:
     Reads the config from `args["model_dir"]` (or `args["model"]`); `dtype` defaults to bfloat16
     (the published weights' dtype); `seed` (default 0) picks the weights.
     """
-    if not is_random(args):
+    if load_format(args) != "random":
         return None
     from omni.models.qwen3_omni.config import load_config
 
-    model_dir = args.get("model_dir") or args.get("model")
-    if not isinstance(model_dir, str):
+    where = model_dir(args)
+    if where is None:
         raise CheckpointError(f"{part}: load_format='random' needs a model_dir with a config.json")
-    cfg = load_config(model_dir)
+    cfg = load_config(where)
     if part not in ("thinker", "audio_encoder", "vision_encoder") and cfg.talker is None:
-        raise CheckpointError(f"{model_dir} has no audio output, so no {part}")
+        raise CheckpointError(f"{where} has no audio output, so no {part}")
     build, sub = _BUILDERS[part](cfg)
     dtype = getattr(torch, args.get("dtype") or "bfloat16")
     return build(sub, device=device, dtype=dtype, seed=int(args.get("seed") or 0) + list(_BUILDERS).index(part))

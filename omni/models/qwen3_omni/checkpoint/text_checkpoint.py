@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from omni.layers.rotary import rope_inv_freq
 from omni.models.qwen3_omni.config import ThinkerConfig, _thinker
 from omni.models.qwen3_omni.checkpoint.export_text import per_expert_names, qwen3_moe_config
 from omni.models.weights import CheckpointError, INDEX_FILE, load_state_dict
@@ -147,7 +148,6 @@ def load_text_thinker(text_dir: str | Path, device: str = "cpu", dtype: torch.dt
     checkpoint directory: the same tensors SGLang loads from it. Built on the meta device, the
     tensors read straight onto `device` (no second copy of the model in host memory)."""
     from omni.models.qwen3_omni.checkpoint.random_load import check_materialized
-    from omni.models.qwen3_omni.modules.rope import inv_freq
     from omni.models.qwen3_omni.modules.thinker_layers import text_state_dict
 
     text_dir = Path(text_dir)
@@ -165,7 +165,7 @@ def load_text_thinker(text_dir: str | Path, device: str = "cpu", dtype: torch.dt
         if tuple(t.shape) != tuple(want[name].shape):
             raise CheckpointError(f"{text_dir}: {name} has shape {tuple(t.shape)}, expected {tuple(want[name].shape)}")
     model.load_state_dict(state, strict=True, assign=True)
-    model.inv_freq = inv_freq(cfg.text.head_dim, cfg.text.rope_theta).to(device)
+    model.inv_freq = rope_inv_freq(cfg.text.head_dim, cfg.text.rope_theta).to(device)
     model.requires_grad_(False)
     check_materialized(model)
     return model.eval()

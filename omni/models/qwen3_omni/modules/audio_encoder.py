@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni.kernel.errors import InvalidRequest
+from omni.layers.transformer import PreNormBlock
 from omni.models.qwen3_omni.config import AudioEncoderConfig, load_config
-from omni.models.weights import load_into
+from omni.models.weights import load_module
 
 PREFIX = "thinker.audio_tower"
 
@@ -65,18 +66,13 @@ class AudioAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(w, n, d))
 
 
-class AudioEncoderLayer(nn.Module):
+class AudioEncoderLayer(PreNormBlock):
     def __init__(self, cfg: AudioEncoderConfig):
-        super().__init__()
-        self.self_attn = AudioAttention(cfg.d_model, cfg.num_heads)
-        self.self_attn_layer_norm = nn.LayerNorm(cfg.d_model)
-        self.fc1 = nn.Linear(cfg.d_model, cfg.ffn_dim)
-        self.fc2 = nn.Linear(cfg.ffn_dim, cfg.d_model)
-        self.final_layer_norm = nn.LayerNorm(cfg.d_model)
+        super().__init__(AudioAttention(cfg.d_model, cfg.num_heads), cfg.d_model, cfg.ffn_dim)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.self_attn_layer_norm(x), mask)
-        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+        return x + self.mlp(x)
 
 
 class AudioEncoder(nn.Module):
@@ -99,10 +95,7 @@ class AudioEncoder(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | Path, dtype=None, device: str = "cpu") -> "AudioEncoder":
-        with torch.device(device):
-            model = cls(load_config(ckpt_dir).thinker.audio)
-        load_into(model, ckpt_dir, PREFIX, dtype=dtype, device=device)
-        return model.eval()
+        return load_module(lambda: cls(load_config(ckpt_dir).thinker.audio), ckpt_dir, PREFIX, dtype, device)
 
     @torch.inference_mode()
     def forward(self, features: list[torch.Tensor], pad_len: int | None = None) -> list[torch.Tensor]:

@@ -26,7 +26,7 @@ from omni.models.qwen3_omni.modules.code2wav_layers import (
 )
 from omni.models.qwen3_omni.modules.code2wav_transformer import PreTransformer, SlidingAttention
 from omni.models.qwen3_omni.config import Code2WavConfig, load_config
-from omni.models.weights import CheckpointError, load_into
+from omni.models.weights import CheckpointError, load_module
 
 PREFIX = "code2wav"
 
@@ -84,10 +84,7 @@ class Code2Wav(nn.Module):
         cfg = load_config(ckpt_dir).code2wav
         if cfg is None:
             raise CheckpointError(f"{ckpt_dir} has no audio output (no code2wav)")
-        with torch.device(device):
-            model = cls(cfg)
-        load_into(model, ckpt_dir, PREFIX, dtype=dtype, device=device)
-        return model.eval()
+        return load_module(lambda: cls(cfg), ckpt_dir, PREFIX, dtype, device)
 
     @property
     def sample_rate(self) -> int:

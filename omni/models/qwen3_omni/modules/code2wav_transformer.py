@@ -10,20 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni.layers.mlp import GatedMLP
+from omni.layers.norms import RMSNorm
+from omni.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
 from omni.models.qwen3_omni.modules.code2wav_layers import StreamBatch
 from omni.models.qwen3_omni.config import Code2WavConfig
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
 
 
 class LayerScale(nn.Module):
@@ -33,22 +24,6 @@ class LayerScale(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.scale * x
-
-
-class GatedMLP(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=False)
-        self.up_proj = nn.Linear(dim, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class SlidingAttention(nn.Module):
@@ -73,12 +48,9 @@ class SlidingAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, st: StreamBatch) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = apply_rope(self.q_proj(x).view(b, t, self.heads, self.head_dim), cos, sin).transpose(1, 2)
+        k = apply_rope(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim), cos, sin).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = cos[:, None], sin[:, None]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
         keys = torch.cat([st.tensors[self.key + ".k"], k], dim=2)
         values = torch.cat([st.tensors[self.key + ".v"], v], dim=2)
         c = self.cache_len
@@ -122,14 +94,11 @@ class PreTransformer(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float) / cfg.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
 
     def forward(self, x: torch.Tensor, st: StreamBatch) -> torch.Tensor:
         positions = st.pos.to(x.device)[:, None] + torch.arange(x.shape[1], device=x.device)[None]
-        freqs = positions[..., None].float() * self.inv_freq.float()
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, st)
         return self.norm(x)

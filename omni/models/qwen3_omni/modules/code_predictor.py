@@ -16,7 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni.models.qwen3_omni.config import DecoderConfig
-from omni.models.qwen3_omni.modules.talker_layers import QKVProjection, RMSNorm, SwiGLU, load_weights, rope_cos_sin, rope_inv_freq
+from omni.layers.attention import QKVProjection
+from omni.layers.mlp import GatedMLP
+from omni.layers.norms import RMSNorm
+from omni.layers.rotary import rope_cos_sin, rope_inv_freq
+from omni.models.weights import load_weights
 from omni.stages.ar.sampler import RowParams, SampleMode, sample_rows
 
 # Sampling used by transformers for the code predictor when the talker samples.
@@ -29,7 +33,7 @@ class _Layer(nn.Module):
         super().__init__()
         bias = bool(s.raw.get("attention_bias", False))
         self.self_attn = QKVProjection(s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps, bias)
-        self.mlp = SwiGLU(s.hidden_size, s.intermediate_size)
+        self.mlp = GatedMLP(s.hidden_size, s.intermediate_size)
         self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
 

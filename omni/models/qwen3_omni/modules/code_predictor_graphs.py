@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from omni.models.qwen3_omni.modules.code_predictor import CodePredictor, predictor_rows
-from omni.models.qwen3_omni.modules.talker_layers import rope_cos_sin
+from omni.layers.rotary import rope_cos_sin
 from omni.stages.ar.cuda_graphs import batch_buckets
 from omni.stages.ar.graph_capture import capture_graph
 from omni.stages.ar.sampler import SampleMode, sample_rows

@@ -18,12 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from omni.kernel.errors import InvalidRequest
+from omni.layers.rotary import cos_sin, rope_angles
 
 DEFAULT_MROPE_SECTION = (24, 20, 20)  # what transformers silently uses when the config has none
-
-
-def inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
 
 
 def mrope_cos_sin(
@@ -32,21 +29,12 @@ def mrope_cos_sin(
     """`positions` [3, T] (or [T]: the same on every axis) -> cos, sin [T, head_dim]."""
     if positions.dim() == 1:
         positions = positions.expand(3, -1)
-    freqs = positions[..., None].float() * inv_freq.to(positions.device, torch.float)  # [3, T, D/2]
+    freqs = rope_angles(inv_freq, positions)  # [3, T, D/2]
     mixed = freqs[0].clone()
     for axis in (1, 2):
         idx = slice(axis, section[axis] * 3, 3)
         mixed[..., idx] = freqs[axis][..., idx]
-    emb = torch.cat((mixed, mixed), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """`x` [T, heads, D]; cos/sin [T, D] (rotate-half convention)."""
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return cos_sin(mixed, dtype)
 
 
 @dataclass(frozen=True)

@@ -38,16 +38,12 @@ from omni.models.qwen3_omni.modules.code_predictor_graphs import CodePredictorGr
 from omni.models.qwen3_omni.config import DecoderConfig, Qwen3OmniConfig, load_config
 from omni.models.qwen3_omni.modules.rope import DEFAULT_MROPE_SECTION, mrope_cos_sin
 from omni.models.qwen3_omni.modules.talker_inputs import TalkerInputs, TalkerParts, TalkerTokenIds
-from omni.models.qwen3_omni.modules.talker_layers import (
-    QKVProjection,
-    ResizeMLP,
-    RMSNorm,
-    SharedExpertMoE,
-    load_weights,
-    rope_inv_freq,
-    tied_router_experts,
-)
-from omni.models.weights import CheckpointError, checkpoint_files, load_state_dict
+from omni.layers.attention import QKVProjection
+from omni.layers.mlp import MLP
+from omni.layers.moe import SharedExpertMoE, tied_router_experts
+from omni.layers.norms import RMSNorm
+from omni.layers.rotary import rope_inv_freq
+from omni.models.weights import CheckpointError, checkpoint_files, load_state_dict, load_weights
 from omni.stages.ar.sampler import SuppressTokens
 from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput, KVCacheSpec
 
@@ -111,8 +107,8 @@ class TalkerModel(nn.Module, ARModel):
         self.num_code_groups = t.num_code_groups
         self.model = _Decoder(c)
         self.codec_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-        self.text_projection = ResizeMLP(t.thinker_hidden_size, c.intermediate_size, c.hidden_size)
-        self.hidden_projection = ResizeMLP(t.thinker_hidden_size, c.intermediate_size, c.hidden_size)
+        self.text_projection = MLP(t.thinker_hidden_size, c.intermediate_size, c.hidden_size)
+        self.hidden_projection = MLP(t.thinker_hidden_size, c.intermediate_size, c.hidden_size)
         self.code_predictor = CodePredictor(t.code_predictor, t.num_code_groups)
         self.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta)  # float32 whatever the weights' dtype
         self.mrope_section = tuple(c.mrope_section) or DEFAULT_MROPE_SECTION

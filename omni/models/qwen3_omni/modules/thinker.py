@@ -29,8 +29,10 @@ from torch import nn
 
 from omni.kernel.errors import InvalidRequest
 from omni.models.qwen3_omni.config import ThinkerConfig, load_config
-from omni.models.qwen3_omni.modules.rope import DEFAULT_MROPE_SECTION, RopeTokens, VisionGrid, inv_freq, mrope_cos_sin, rope_index
-from omni.models.qwen3_omni.modules.thinker_layers import DecoderLayer, RMSNorm, text_state_dict
+from omni.layers.norms import RMSNorm
+from omni.layers.rotary import rope_inv_freq
+from omni.models.qwen3_omni.modules.rope import DEFAULT_MROPE_SECTION, RopeTokens, VisionGrid, mrope_cos_sin, rope_index
+from omni.models.qwen3_omni.modules.thinker_layers import DecoderLayer, text_state_dict
 from omni.models.weights import CheckpointError, load_state_dict
 from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput, KVCacheSpec
 from omni.stages.ar.sequence import Sequence
@@ -94,7 +96,7 @@ class Qwen3OmniThinker(nn.Module, ARModel):
         self.model = TextModel(cfg)
         self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
         self.section = tuple(text.mrope_section) or DEFAULT_MROPE_SECTION
-        self.inv_freq = inv_freq(text.head_dim, text.rope_theta)  # float32 always; not a buffer
+        self.inv_freq = rope_inv_freq(text.head_dim, text.rope_theta)  # float32 always; not a buffer
         self.rope_tokens = RopeTokens(
             cfg.image_token_id, cfg.video_token_id, cfg.position_id_per_seconds, cfg.vision.spatial_merge_size
         )

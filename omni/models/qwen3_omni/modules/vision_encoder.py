@@ -18,11 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni.kernel.errors import InvalidRequest
+from omni.layers.mlp import MLP
+from omni.layers.rotary import apply_rope, cos_sin, rope_inv_freq
 from omni.models.qwen3_omni.config import VisionEncoderConfig, load_config
-from omni.models.weights import load_into
+from omni.models.weights import load_module
 
 PREFIX = "thinker.visual"
-_ACTS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "silu": F.silu}
 
 
 @dataclass
@@ -31,16 +32,17 @@ class VisionOutput:
     deepstack: list[torch.Tensor]  # one [tokens, out_hidden_size] per deepstack layer
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def block_order_rows_cols(h: int, w: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, col) of every patch of an h x w grid, listed block by block (merge x merge)."""
     rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
     shape = (h // merge, merge, w // merge, merge)
     return rows.reshape(shape).transpose(1, 2).flatten(), cols.reshape(shape).transpose(1, 2).flatten()
+
+
+def vision_inv_freq(cfg: VisionEncoderConfig, device=None) -> torch.Tensor:
+    """2-D rope: half of each head's rotary dims for the row, half for the column."""
+    theta = float((cfg.raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    return rope_inv_freq(cfg.hidden_size // cfg.num_heads // 2, theta, device)
 
 
 class VisionBlock(nn.Module):
@@ -52,20 +54,17 @@ class VisionBlock(nn.Module):
         self.attn = nn.Module()
         self.attn.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
         self.attn.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.mlp = nn.Module()
-        self.mlp.linear_fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
-        self.mlp.linear_fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.act = _ACTS[cfg.hidden_act]
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_size, cfg.hidden_act)
 
     def forward(self, x, cos, sin, sizes: list[int]) -> torch.Tensor:
         x = x + self._attention(self.norm1(x), cos, sin, sizes)
-        return x + self.mlp.linear_fc2(self.act(self.mlp.linear_fc1(self.norm2(x))))
+        return x + self.mlp(self.norm2(x))
 
     def _attention(self, x, cos, sin, sizes: list[int]) -> torch.Tensor:
         n, d = x.shape
         q, k, v = self.attn.qkv(x).view(n, 3, self.heads, d // self.heads).unbind(1)
-        q = (q.float() * cos + _rotate_half(q.float()) * sin).to(x.dtype)
-        k = (k.float() * cos + _rotate_half(k.float()) * sin).to(x.dtype)
+        q = apply_rope(q.float(), cos, sin).to(x.dtype)
+        k = apply_rope(k.float(), cos, sin).to(x.dtype)
         outs = []
         start = 0
         for size in sizes:  # one attention per frame; padded batching is not worth it here
@@ -103,18 +102,11 @@ class VisionEncoder(nn.Module):
         self.blocks = nn.ModuleList([VisionBlock(cfg) for _ in range(cfg.depth)])
         self.merger = PatchMerger(cfg, norm_after_shuffle=False)
         self.merger_list = nn.ModuleList([PatchMerger(cfg, True) for _ in cfg.deepstack_visual_indexes])
-        head_dim = cfg.hidden_size // cfg.num_heads
-        theta = float((cfg.raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))
-        quarter = head_dim // 2
-        self.register_buffer(
-            "inv_freq", 1.0 / theta ** (torch.arange(0, quarter, 2, dtype=torch.float) / quarter), persistent=False)
+        self.register_buffer("inv_freq", vision_inv_freq(cfg), persistent=False)
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | Path, dtype=None, device: str = "cpu") -> "VisionEncoder":
-        with torch.device(device):
-            model = cls(load_config(ckpt_dir).thinker.vision)
-        load_into(model, ckpt_dir, PREFIX, dtype=dtype, device=device)
-        return model.eval()
+        return load_module(lambda: cls(load_config(ckpt_dir).thinker.vision), ckpt_dir, PREFIX, dtype, device)
 
     @torch.inference_mode()
     def forward(self, pixels: list[torch.Tensor], grids: list[tuple[int, int, int]]) -> list[VisionOutput]:
@@ -160,9 +152,8 @@ class VisionEncoder(nn.Module):
             rows_all.append(rows.repeat(t))
             cols_all.append(cols.repeat(t))
         rows, cols = torch.cat(rows_all), torch.cat(cols_all)
-        freqs = torch.cat([rows[:, None].float() * self.inv_freq, cols[:, None].float() * self.inv_freq], dim=-1)
-        freqs = torch.cat([freqs, freqs], dim=-1)[:, None, :]  # [n, 1 (heads), head_dim]
-        return torch.cat(embeds), freqs.cos(), freqs.sin()
+        angles = torch.cat([rows[:, None].float() * self.inv_freq, cols[:, None].float() * self.inv_freq], dim=-1)
+        return (torch.cat(embeds), *cos_sin(angles, torch.float32))  # cos/sin [n, head_dim]
 
 
 class ImagePatchesEncoder:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 import torch
 
+from omni.models.loading import load_part
 from omni.models.qwen3_omni.checkpoint.random_load import random_part
 from omni.models.qwen3_omni.modules.code2wav import Code2Wav
 from omni.stages.vocoder import VocoderStage
@@ -33,10 +35,4 @@ class Code2WavStage(VocoderStage):
         log.info("code2wav: warm-up chunks at batch %s in %.1f s", list(batches), time.monotonic() - t0)
 
     def build_codec(self) -> Code2Wav:
-        dtype = self.ctx.args.get("dtype")
-        model = random_part("code2wav", self.ctx.args, self.ctx.device)  # load_format="random"
-        if model is not None:
-            return model
-        return Code2Wav.from_checkpoint(
-            self.ctx.args["model"], dtype=getattr(torch, dtype) if dtype else None, device=self.ctx.device
-        )
+        return load_part(Code2Wav, self.ctx.args, self.ctx.device, random=partial(random_part, "code2wav"))

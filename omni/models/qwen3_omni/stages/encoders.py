@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-import torch
+from functools import partial
 
+from omni.models.loading import load_part
 from omni.models.qwen3_omni.checkpoint.random_load import random_part
 from omni.models.qwen3_omni.modules.audio_encoder import AudioEncoder, AudioFeaturesEncoder
 from omni.models.qwen3_omni.modules.vision_encoder import ImagePatchesEncoder, VisionEncoder
@@ -15,19 +16,13 @@ class AudioEncoderStage(EncoderStage):
     """args: model (checkpoint dir), dtype (optional), plus EncoderStage's args."""
 
     def build_encoder(self) -> AudioFeaturesEncoder:
-        dtype = self.ctx.args.get("dtype")
-        model = random_part("audio_encoder", self.ctx.args, self.ctx.device)  # load_format="random"
-        model = model if model is not None else AudioEncoder.from_checkpoint(
-            self.ctx.args["model"], dtype=getattr(torch, dtype) if dtype else None, device=self.ctx.device)
-        return AudioFeaturesEncoder(model)
+        return AudioFeaturesEncoder(load_part(AudioEncoder, self.ctx.args, self.ctx.device,
+                                              random=partial(random_part, "audio_encoder")))
 
 
 class VisionEncoderStage(EncoderStage):
     """args: model (checkpoint dir), dtype (optional), plus EncoderStage's args."""
 
     def build_encoder(self) -> ImagePatchesEncoder:
-        dtype = self.ctx.args.get("dtype")
-        model = random_part("vision_encoder", self.ctx.args, self.ctx.device)  # load_format="random"
-        model = model if model is not None else VisionEncoder.from_checkpoint(
-            self.ctx.args["model"], dtype=getattr(torch, dtype) if dtype else None, device=self.ctx.device)
-        return ImagePatchesEncoder(model)
+        return ImagePatchesEncoder(load_part(VisionEncoder, self.ctx.args, self.ctx.device,
+                                             random=partial(random_part, "vision_encoder")))

@@ -20,6 +20,7 @@ and Emit(rid, finish=True) at codec EOS or max_tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, StageContext
 from omni.models.qwen3_omni.request import voice_of, wants_audio
 from omni.models.qwen3_omni.modules.rope import VisionGrid
+from omni.models.loading import load_part
 from omni.models.qwen3_omni.checkpoint.random_load import random_part
 from omni.models.qwen3_omni.modules.talker import TalkerModel, TalkerRequest
 from omni.stages.ar.engine import StepOutput
@@ -85,9 +87,8 @@ class TalkerStage(ARStage):
         if model is None:
             if "model_dir" not in args and "model_factory" in args:
                 return super().build_model()
-            dtype = getattr(torch, args.get("dtype") or "float32")
-            model = random_part("talker", args, self.ctx.device)  # load_format="random"
-            model = model if model is not None else TalkerModel.from_checkpoint(args["model_dir"], dtype=dtype, device=self.ctx.device)
+            model = load_part(TalkerModel, args, self.ctx.device, random=partial(random_part, "talker"),
+                              default_dtype="float32")
         return model
 
     def engine_ready(self) -> None:

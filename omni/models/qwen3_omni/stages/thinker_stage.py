@@ -20,15 +20,15 @@ that want audio (`request.wants_audio`); the request's End carries {"finish_reas
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
-
-import torch
 
 from omni.kernel.errors import GraphError
 from omni.kernel.stage import Emit, StageContext
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.request import wants_audio
-from omni.models.qwen3_omni.checkpoint.random_load import load_format, random_part
+from omni.models.loading import load_format, load_part
+from omni.models.qwen3_omni.checkpoint.random_load import random_part
 from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.detokenizer import TextStream, load_tokenizer
@@ -39,6 +39,7 @@ from omni.stages.ar.stage import ARStage, copy_input
 
 class ThinkerStage(ARStage):
     sampling_key = "thinker"
+    sglang_taps_model = "omni.vendor.sglang_models:OmniQwen3MoeTaps"  # SGLang's Qwen3-MoE + the talker's taps
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
@@ -56,9 +57,8 @@ class ThinkerStage(ARStage):
         if args.get("sglang_model_path") or not args.get("model_dir"):
             return super().sglang_model_path()
         from omni.models.qwen3_omni.checkpoint.export_text import cached_export
-        from omni.models.qwen3_omni.checkpoint.random_load import is_random
-
-        return str(cached_export(args["model_dir"], weights=not is_random(args), root=args.get("sglang_export_dir")))
+        return str(cached_export(args["model_dir"], weights=load_format(args) != "random",
+                                 root=args.get("sglang_export_dir")))
 
     def build_model(self) -> Qwen3OmniThinker:
         args = self.ctx.args
@@ -68,11 +68,8 @@ class ThinkerStage(ARStage):
             return args["model"]
         if not args.get("model_dir"):
             return super().build_model()
-        model = random_part("thinker", args, self.ctx.device)  # load_format="random"
-        if model is not None:
-            return model
-        dtype = getattr(torch, args.get("dtype") or "float32")
-        return Qwen3OmniThinker.from_checkpoint(args["model_dir"], device=self.ctx.device, dtype=dtype)
+        return load_part(Qwen3OmniThinker, args, self.ctx.device, random=partial(random_part, "thinker"),
+                         default_dtype="float32")
 
     def _tensor_parallel_model(self):
         """Rank 0 of `tensor_parallel_size` ranks on consecutive devices, each loading its slices."""

@@ -95,6 +95,15 @@ def _attention(ct2: Ct2Model, src: str, dst: str, fused_qkv: bool, out: dict) ->
     out[f"{dst}.out_proj.bias"] = ct2.get(f"{out_name}/bias")
 
 
+def _pre_norm_block(ct2: Ct2Model, src: str, dst: str, out: dict) -> None:
+    """What every layer has (`layers.PreNormBlock`): self-attention and its norm, the feed-forward."""
+    _attention(ct2, f"{src}/self_attention", f"{dst}.self_attn", True, out)
+    _norm(ct2, f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm", out)
+    _norm(ct2, f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm", out)
+    _linear(ct2, f"{src}/ffn/linear_0", f"{dst}.fc1", out)
+    _linear(ct2, f"{src}/ffn/linear_1", f"{dst}.fc2", out)
+
+
 def _norm(ct2: Ct2Model, src: str, dst: str, out: dict) -> None:
     out[f"{dst}.weight"] = ct2.get(f"{src}/gamma")
     out[f"{dst}.bias"] = ct2.get(f"{src}/beta")
@@ -124,23 +133,15 @@ def hf_state_dict(ct2: Ct2Model) -> tuple[dict[str, np.ndarray], bool]:
     out["model.encoder.embed_positions.weight"] = ct2.get("encoder/position_encodings/encodings")
     for i in range(_num_layers(ct2, "encoder")):
         src, dst = f"encoder/layer_{i}", f"model.encoder.layers.{i}"
-        _attention(ct2, f"{src}/self_attention", f"{dst}.self_attn", True, out)
-        _norm(ct2, f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm", out)
-        _norm(ct2, f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm", out)
-        _linear(ct2, f"{src}/ffn/linear_0", f"{dst}.fc1", out)
-        _linear(ct2, f"{src}/ffn/linear_1", f"{dst}.fc2", out)
+        _pre_norm_block(ct2, src, dst, out)
     _norm(ct2, "encoder/layer_norm", "model.encoder.layer_norm", out)
     out["model.decoder.embed_tokens.weight"] = ct2.get("decoder/embeddings/weight")
     out["model.decoder.embed_positions.weight"] = ct2.get("decoder/position_encodings/encodings")
     for i in range(_num_layers(ct2, "decoder")):
         src, dst = f"decoder/layer_{i}", f"model.decoder.layers.{i}"
-        _attention(ct2, f"{src}/self_attention", f"{dst}.self_attn", True, out)
-        _norm(ct2, f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm", out)
+        _pre_norm_block(ct2, src, dst, out)
         _attention(ct2, f"{src}/attention", f"{dst}.encoder_attn", False, out)
         _norm(ct2, f"{src}/attention/layer_norm", f"{dst}.encoder_attn_layer_norm", out)
-        _norm(ct2, f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm", out)
-        _linear(ct2, f"{src}/ffn/linear_0", f"{dst}.fc1", out)
-        _linear(ct2, f"{src}/ffn/linear_1", f"{dst}.fc2", out)
     _norm(ct2, "decoder/layer_norm", "model.decoder.layer_norm", out)
     tied = ct2.aliases.get("decoder/projection/weight") == "decoder/embeddings/weight"
     if not tied:

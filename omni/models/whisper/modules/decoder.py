@@ -21,7 +21,7 @@ from omni.models.whisper.config import WhisperConfig
 from omni.models.whisper.modules.logits import WhisperRules
 from omni.models.whisper.stages.stats import STATS
 from omni.models.whisper.modules.layers import DecoderLayer, TextDecoder
-from omni.models.whisper.checkpoint.weights import load_into
+from omni.models.weights import load_into
 from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput, KVCacheSpec
 
 if TYPE_CHECKING:
@@ -43,12 +43,12 @@ class WhisperDecoder(ARModel):
     def from_pretrained(cls, model_dir: str, cfg: WhisperConfig, dtype: torch.dtype = torch.float32,
                         device: str = "cpu") -> "WhisperDecoder":
         net = TextDecoder(cfg)
-        load_into(net, model_dir, "model.decoder.", dtype, device)
+        load_into(net, model_dir, "model.decoder", dtype, device)
         proj = None
         if not cfg.tie_word_embeddings:
             holder = nn.Module()
             holder.weight = nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
-            load_into(holder, model_dir, "proj_out.", dtype, device)
+            load_into(holder, model_dir, "proj_out", dtype, device)
             proj = holder.weight
         return cls(cfg, net, proj)
 

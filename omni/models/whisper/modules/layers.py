@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni.layers.transformer import PreNormBlock
 from omni.models.whisper.config import WhisperConfig
 
 
@@ -41,18 +42,13 @@ class Attention(nn.Module):
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
 
-class EncoderLayer(nn.Module):
+class EncoderLayer(PreNormBlock):
     def __init__(self, cfg: WhisperConfig) -> None:
-        super().__init__()
-        self.self_attn = Attention(cfg.d_model, cfg.encoder_heads)
-        self.self_attn_layer_norm = nn.LayerNorm(cfg.d_model)
-        self.fc1 = nn.Linear(cfg.d_model, cfg.encoder_ffn_dim)
-        self.fc2 = nn.Linear(cfg.encoder_ffn_dim, cfg.d_model)
-        self.final_layer_norm = nn.LayerNorm(cfg.d_model)
+        super().__init__(Attention(cfg.d_model, cfg.encoder_heads), cfg.d_model, cfg.encoder_ffn_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn.full(self.self_attn_layer_norm(x))
-        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+        return x + self.mlp(x)
 
 
 class WhisperEncoder(nn.Module):
@@ -75,19 +71,13 @@ class WhisperEncoder(nn.Module):
         return self.layer_norm(x)
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(PreNormBlock):
+    """Self-attention, cross-attention (`encoder_attn`), then the feed-forward (`mlp`)."""
+
     def __init__(self, cfg: WhisperConfig) -> None:
-        super().__init__()
-        self.self_attn = Attention(cfg.d_model, cfg.decoder_heads)
-        self.self_attn_layer_norm = nn.LayerNorm(cfg.d_model)
+        super().__init__(Attention(cfg.d_model, cfg.decoder_heads), cfg.d_model, cfg.decoder_ffn_dim)
         self.encoder_attn = Attention(cfg.d_model, cfg.decoder_heads)
         self.encoder_attn_layer_norm = nn.LayerNorm(cfg.d_model)
-        self.fc1 = nn.Linear(cfg.d_model, cfg.decoder_ffn_dim)
-        self.fc2 = nn.Linear(cfg.decoder_ffn_dim, cfg.d_model)
-        self.final_layer_norm = nn.LayerNorm(cfg.d_model)
-
-    def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
 
 class TextDecoder(nn.Module):

@@ -14,7 +14,7 @@ Request params read: task ("transcribe" | "translate"), language (code, name or 
 stream (bool: the head window's text is also sent as it decodes, `partial` chunks without token ids),
 timestamps (bool: segments with times, as verbose_json / srt / vtt need), word_timestamps (bool:
 "words" [{"word", "start", "end"}] per window, aligned by `alignment`), prompt (previous
-text), sampling[<stage name> | "thinker"] (temperature, max_tokens, seed, ...).
+text), sampling[<stage name>] (temperature, max_tokens, seed, ...).
 """
 
 from __future__ import annotations
@@ -129,8 +129,7 @@ class WhisperDecoderStage(Stage):
             if lang_id is not None and lang_id != cfg.language_token("en"):
                 raise InvalidRequest(f"this Whisper is English-only; language {language!r} is not supported")
         sampling = dict(self.ctx.args.get("default_sampling") or {"temperature": 0.0})
-        for key in ("thinker", self.ctx.name):
-            sampling.update((params.get("sampling") or {}).get(key) or {})
+        sampling.update((params.get("sampling") or {}).get(self.ctx.name) or {})
         sampling.setdefault("max_tokens", cfg.max_target_positions // 2)
         prompt = params.get("prompt")
         words = bool(params.get("word_timestamps"))

@@ -23,7 +23,7 @@ from omni.kernel.stage import StageContext
 from omni.models.whisper.config import WhisperConfig
 from omni.models.whisper.modules.features import SAMPLE_RATE, log_mel, pad_window
 from omni.models.whisper.modules.layers import WhisperEncoder
-from omni.models.whisper.checkpoint.weights import load_into
+from omni.models.weights import load_into
 from omni.models.whisper.stages.windows import split_windows
 from omni.stages.encoder import EncoderStage
 
@@ -68,7 +68,7 @@ class WhisperBatchEncoder:
         self.device = torch.device(device)
         self.dtype = getattr(torch, dtype)
         self.model = WhisperEncoder(self.cfg)
-        load_into(self.model, model_dir, "model.encoder.", self.dtype, self.device)
+        load_into(self.model, model_dir, "model.encoder", self.dtype, self.device)
 
     def batch_key(self, item: dict[str, Any]) -> Hashable:
         audio = item.get("audio")

@@ -1,0 +1,120 @@
+"""The API's state kept in the aiohttp app (`app[STATE]`): the served models, their kernels, the
+operator's settings, metrics and the drain count. Routes read it from here, not from the app module
+(which imports the routes)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from omni.api.aliases import CHAT, OPENAI_ALIASES, SPEECH, TRANSCRIBE, TRANSLATE, alias_task, chats, translates
+from omni.api.media import MediaLimits
+from omni.api.metrics import ApiMetrics
+from omni.kernel.registry import ModelInfo
+
+
+@dataclass
+class ServerConfig:
+    """Everything the operator sets for the HTTP side (the graph's own settings live in the Graph)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_body_bytes: int = 64 << 20
+    limits: MediaLimits = field(default_factory=MediaLimits)
+    request_timeout_s: float | None = None  # passed to the kernel as each request's deadline
+    drain_timeout_s: float = 30.0  # SIGTERM to exit, whatever the clients do
+    header_timeout_s: float = 10.0  # a connection's request head must arrive within this (also keep-alive idle)
+    body_timeout_s: float = 60.0  # a request's whole body must arrive within this
+    write_timeout_s: float = 60.0  # a streamed answer's client must take in data at least this often
+    public_metrics: bool = False  # with api_key: /metrics stays open (it names stage PIDs and traffic)
+    max_concurrent: int | None = None  # POSTs admitted at once (429 beyond); None: the kernel's max_inflight
+    probe_timeout_s: float = 1.0
+    model_aliases: list[str] = field(default_factory=list)  # extra names clients may use for the model
+    allowed_origins: list[str] = field(default_factory=list)  # CORS: origins browsers may call from ("*": any)
+
+
+@dataclass
+class ServedModel:
+    """A model served beside the main one, on its own kernel (e.g. a Whisper next to an omni model)."""
+
+    kernel: Any
+    info: ModelInfo
+    stage_names: list[str]
+
+
+@dataclass
+class ServerState:
+    kernel: Any  # the main model's: chat and speech go here
+    info: ModelInfo
+    stage_names: list[str]
+    config: ServerConfig
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)
+    started_at: int = field(default_factory=lambda: int(time.time()))
+    inflight: int = 0
+    draining: bool = False
+    _idle: asyncio.Event | None = None
+    extra_models: list[ServedModel] = field(default_factory=list)
+
+    def model_names(self) -> list[str]:
+        """Every name a client may use: the served models, operator aliases, then those OpenAI names
+        (`whisper-1`, `tts-1`, `gpt-4o`...) whose task a served model does."""
+        own = [self.info.id, *self.config.model_aliases, *(m.info.id for m in self.extra_models)]
+        return own + [a for a in OPENAI_ALIASES if a not in own and self._alias_target(a) is not None]
+
+    def served(self) -> list[ServedModel]:
+        """Every served model, the main one first."""
+        return [ServedModel(self.kernel, self.info, self.stage_names), *self.extra_models]
+
+    def model_info(self, name: str) -> ModelInfo | None:
+        if name in (self.info.id, *self.config.model_aliases):
+            return self.info
+        found = next((m.info for m in self.extra_models if m.info.id == name), None)
+        return found or self._alias_target(name)
+
+    def _alias_target(self, name: str) -> ModelInfo | None:
+        """The served model an OpenAI name stands for (None: not such a name, or no model does its task)."""
+        task = alias_task(name)
+        if task == CHAT:
+            return self.info if chats(self.info) else None
+        if task == SPEECH:
+            return self.info if self.info.speaks else None
+        if task == TRANSCRIBE:
+            found = self._transcriber_for(None)
+            return found.info if found else None
+        return None
+
+    def transcriber(self, name: str, task: str = TRANSCRIBE) -> ServedModel | None:
+        """Who serves a transcription (or translation) asked of model `name`: that model when it
+        does it with trained weights, else the first served model that does, else any that does it
+        at all (a random-weight model's transcripts are noise). None when no model does."""
+        return self._transcriber_for(self.model_info(name), task)
+
+    def _transcriber_for(self, info: ModelInfo | None, task: str = TRANSCRIBE) -> ServedModel | None:
+        models = self.served()
+        named = [m for m in models if m.info is info]
+        able = [m for m in named + models if (translates(m.info) if task == TRANSLATE else m.info.transcribes)]
+        return ([m for m in able if not m.info.random_weights] or able or [None])[0]
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight; False when the timeout passed first."""
+        if self.inflight == 0:
+            return True
+        self._idle = self._idle or asyncio.Event()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def _left(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0 and self._idle is not None:
+            self._idle.set()
+
+
+STATE = web.AppKey("omni_state", ServerState)

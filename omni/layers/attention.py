@@ -1,0 +1,51 @@
+"""The attention front end of the Qwen3 decoders: q/k/v/o projections, per-head q/k RMSNorm,
+then RoPE. The attention itself is the caller's (the paged cache, or SDPA over a small cache).
+
+On CUDA with triton, q/k norm + RoPE run as one fused kernel (`fused_ops.qk_norm_rope`);
+otherwise `RMSNorm` then `rotary.apply_rope`, the same roundings.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from omni.layers import fused_ops
+from omni.layers.norms import RMSNorm
+from omni.layers.rotary import apply_rope
+
+
+class QKVProjection(nn.Module):
+    """q/k/v/o projections plus the per-head q/k norms (the attention maths lives elsewhere)."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, bias: bool = False) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`x` [..., T, hidden] -> q [..., T, heads, hd], k and v [..., T, kv_heads, hd], RoPE applied.
+
+        cos/sin are [..., T, hd]; they broadcast over the head axis.
+        """
+        lead = x.shape[:-1]
+        q = self.q_proj(x).view(*lead, self.heads, self.head_dim)
+        k = self.k_proj(x).view(*lead, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(*lead, self.kv_heads, self.head_dim)
+        if self._fused(x, cos, sin):  # q/k norm + rope: one launch for both
+            rows, d = -1, self.head_dim
+            c = cos.expand(*lead, d).reshape(rows, d)
+            s = sin.expand(*lead, d).reshape(rows, d)
+            q, k = fused_ops.qk_norm_rope(q.reshape(rows, self.heads, d), k.reshape(rows, self.kv_heads, d),
+                                          self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, c, s)
+            return q.view(*lead, self.heads, d), k.view(*lead, self.kv_heads, d), v
+        return apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin), v
+
+    def _fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+        return (fused_ops.enabled(x)
+                and self.q_norm.weight.dtype == self.k_norm.weight.dtype == cos.dtype == sin.dtype == x.dtype)

@@ -1,0 +1,37 @@
+"""Feed-forward blocks: the gated (SwiGLU-style) MLP of the decoders and a plain two-layer MLP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# config `hidden_act` names -> functions (transformers' meanings)
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)), no biases (SwiGLU with act="silu")."""
+
+    def __init__(self, hidden: int, inner: int, act: str = "silu") -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MLP(nn.Module):
+    """linear_fc2(act(linear_fc1(x))), with biases; in and out widths may differ."""
+
+    def __init__(self, in_dim: int, inner: int, out_dim: int, act: str = "silu") -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(in_dim, inner, bias=True)
+        self.linear_fc2 = nn.Linear(inner, out_dim, bias=True)
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(self.act(self.linear_fc1(x)))

@@ -1,0 +1,47 @@
+"""A stage's model part: random weights (`load_format="random"`) or the checkpoint's.
+
+Every part class has `from_checkpoint(model_dir, dtype=..., device=...)`; a family that can
+draw random weights of the same shapes passes its builder as `random(args, device)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from omni.models.weights import CheckpointError
+
+LOAD_FORMATS = ("auto", "safetensors", "random")
+
+
+def load_format(args: Mapping[str, Any]) -> str:
+    """The stage's `load_format` arg ("auto" when absent); a typed error for an unknown one."""
+    fmt = str(args.get("load_format") or "auto")
+    if fmt not in LOAD_FORMATS:
+        raise CheckpointError(f"load_format {fmt!r} is not one of {LOAD_FORMATS}")
+    return fmt
+
+
+def model_dir(args: Mapping[str, Any]) -> str | None:
+    """The checkpoint directory the args name (`model_dir`, or `model` when it is a path)."""
+    found = args.get("model_dir") or args.get("model")
+    return found if isinstance(found, str) else None
+
+
+def load_part(cls, args: Mapping[str, Any], device, random: Callable[[Mapping[str, Any], Any], Any] | None = None,
+              default_dtype: str | None = None):
+    """`random(args, device)` when the args say `load_format="random"`, else `cls.from_checkpoint`
+    of the args' model dir in the args' `dtype` (a torch dtype name; else `default_dtype`; else
+    the class's own default)."""
+    if load_format(args) == "random":
+        if random is None:
+            raise CheckpointError(f"{cls.__name__}: load_format='random' is not supported")
+        return random(args, device)
+    where = model_dir(args)
+    if where is None:
+        raise CheckpointError(f"{cls.__name__}: the stage args name no model_dir")
+    import torch
+
+    name = args.get("dtype") or default_dtype
+    kwargs = {"dtype": getattr(torch, name)} if name else {}
+    return cls.from_checkpoint(where, device=device, **kwargs)
