@@ -1,9 +1,9 @@
 """Automatic placement of a graph's GPU stages on the GPUs of one host (`omnid serve --gpus 0,1,2`).
 
 A pure function of the stage specs: with one GPU every GPU stage runs there (as with `--device`);
-with two or more, the heaviest stage (by `load`, per replica: memory and compute together, the
-thinker by default) gets the first GPUs to itself, one per replica, `tensor_parallel_size`
-consecutive GPUs per replica when its thinker is split (its ranks run on cuda:N, N+1, ...); every
+with two or more, the heaviest stage (by its `load`, one replica's memory and compute as the family
+weighs it: Qwen3-Omni's thinker) gets the first GPUs to itself, one per replica, `tensor_parallel_size`
+consecutive GPUs per replica when it is tensor-parallel (its ranks run on cuda:N, N+1, ...); every
 other GPU stage's replicas go, heaviest first, to the least-loaded of the remaining GPUs. CPU
 stages and the stages in `keep` (placed by hand) are left as they are.
 """
@@ -12,10 +12,6 @@ from __future__ import annotations
 
 from omni.kernel.errors import GraphError
 from omni.kernel.graph import Graph, StageSpec
-
-# relative weight of one replica (memory and compute); a stage not named here weighs 1
-DEFAULT_LOAD = {"thinker": 8.0, "talker": 3.0, "code2wav": 2.0, "audio_encoder": 0.5, "vision_encoder": 0.5}
-
 
 def parse_gpus(text: str) -> list[int]:
     """'0,1,2' -> [0, 1, 2]; an error for an empty, negative, repeated or non-numeric entry."""
@@ -47,16 +43,17 @@ def process_devices(graph: Graph) -> list[str]:
 
 def plan(stages: list[StageSpec], gpus: list[int], load: dict[str, float] | None = None,
          keep: set[str] | frozenset = frozenset()) -> dict[str, list[str]]:
-    """{stage name: one device per replica} for the GPU stages (device "cuda...") not in `keep`."""
+    """{stage name: one device per replica} for the GPU stages (device "cuda...") not in `keep`;
+    `load` ({stage: weight}) overrides the specs' own."""
     if not gpus:
         raise GraphError("placement needs at least one GPU")
-    weights = {**DEFAULT_LOAD, **(load or {})}
+    load = load or {}
     todo = [s for s in stages if s.device.startswith("cuda") and s.name not in keep]
     if not todo:
         return {}
     if len(gpus) == 1:
         return {s.name: [f"cuda:{gpus[0]}"] * s.replicas for s in todo}
-    weight = {s.name: float(weights.get(s.name, 1.0)) for s in todo}
+    weight = {s.name: float(load.get(s.name, s.load)) for s in todo}
     anchor = max(todo, key=lambda s: weight[s.name])  # the first of the heaviest
     for spec in todo:
         if spec is not anchor and tp_size(spec) > 1:

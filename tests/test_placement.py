@@ -16,11 +16,11 @@ from omni.placement import parse_gpus, place, plan, process_devices
 
 
 def _speech_graph(talkers: int = 1, vocoders: int = 1, thinker_args: dict | None = None) -> Graph:
-    """The shape of Qwen3-Omni's speech graph (kinds do not matter to placement)."""
-    stages = [StageSpec("preprocess", "k"), StageSpec("audio_encoder", "k", device="cuda"),
-              StageSpec("thinker", "k", device="cuda", args=dict(thinker_args or {})),
-              StageSpec("talker", "k", device="cuda", replicas=talkers),
-              StageSpec("code2wav", "k", device="cuda", replicas=vocoders)]
+    """The shape of Qwen3-Omni's speech graph, its loads (kinds do not matter to placement)."""
+    stages = [StageSpec("preprocess", "k"), StageSpec("audio_encoder", "k", device="cuda", load=0.5),
+              StageSpec("thinker", "k", device="cuda", args=dict(thinker_args or {}), load=8.0),
+              StageSpec("talker", "k", device="cuda", replicas=talkers, load=3.0),
+              StageSpec("code2wav", "k", device="cuda", replicas=vocoders, load=2.0)]
     edges = [EdgeSpec("preprocess", "audio", "audio_encoder"), EdgeSpec("audio_encoder", "embeds", "thinker"),
              EdgeSpec("preprocess", "tokens", "thinker"), EdgeSpec("thinker", "hidden", "talker"),
              EdgeSpec("talker", "codes", "code2wav"), EdgeSpec("thinker", "text", OUT),

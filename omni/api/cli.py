@@ -84,8 +84,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="device of every GPU-capable stage, e.g. cuda or cuda:1 (per stage: --set NAME.device=...); "
                              "default: the family's (cpu)")
     parser.add_argument("--gpus", default=None, metavar="0,1,2",
-                        help="place the GPU stages on these GPUs by memory and load (thinker alone on the first "
-                             "when there are two or more; placement.py); --set NAME.device=cuda:N or NAME.devices=[...] still pins a stage")
+                        help="place the GPU stages on these GPUs by memory and load (the heaviest stage alone on "
+                             "the first when there are two or more; placement.py); --set NAME.device=cuda:N or NAME.devices=[...] still pins a stage")
     parser.add_argument("--dtype", default=None,
                         help="weights dtype of every GPU-capable stage, e.g. bfloat16 (per stage: --set "
                              "NAME.args.dtype=...); default: the family's")

@@ -28,6 +28,7 @@ class StageSpec:
     device: str = "cpu"
     replicas: int = 1
     devices: list[str] = field(default_factory=list)  # one per replica ("cuda:1", "cuda:2"); [] = all on `device`
+    load: float = 1.0  # one replica's memory and compute, relative to the graph's other stages (--gpus)
     max_batch: int = 32  # the stage's own batching bound, passed in its context args
     max_queue: int = 256  # inputs the actor hands the stage before it stops feeding it
     credits: int = 64  # chunks in flight on each inbound edge
