@@ -63,10 +63,18 @@ def test_multi_turn_chat_reuses_turns_with_equal_tokens_and_taps(thinker, graphs
         for t in want_taps:
             assert taps[t].shape[0] == len(prompt) + GREEDY.max_tokens - 1  # cached positions' taps too
             torch.testing.assert_close(taps[t], want_taps[t], atol=1e-4, rtol=1e-4)
-        computed = on.stats()["num_computed_tokens"] - before["num_computed_tokens"]
+        after = on.stats()
+        computed = after["num_computed_tokens"] - before["num_computed_tokens"]
         assert computed == len(prompt) - seq.num_cached_tokens + GREEDY.max_tokens - 1
+        hits = after["prefix_cache_hit_tokens"] - before["prefix_cache_hit_tokens"]
+        assert hits == seq.num_cached_tokens
+        assert after["prefix_cache_queried_tokens"] - before["prefix_cache_queried_tokens"] == len(prompt)
         if i:  # the earlier turns (prompt and answer) come from the cache: only the new turn is computed
             assert seq.num_cached_tokens == prev_computed // 4 * 4 > len(convo) - 8
+            # the prefill: the tokens new since the last turn, plus the last turn's unfilled block
+            assert computed - (GREEDY.max_tokens - 1) == len(prompt) - prev_computed + prev_computed % 4
+        else:
+            assert hits == 0
         prev_computed = len(prompt) + GREEDY.max_tokens - 1  # the last sampled token is never computed
         convo = prompt + got + [IDS["<|im_end|>"], 10]
     on.scheduler.blocks.check()

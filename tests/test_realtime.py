@@ -274,6 +274,42 @@ def test_malformed_events_get_errors_and_the_session_stays_usable(server):
     run(go())
 
 
+def test_semantic_vad_and_g711_are_refused_naming_the_field_and_what_is_served(server):
+    refused = [  # (session, param, words of the message)
+        ({"turn_detection": {"type": "semantic_vad"}}, "session.turn_detection.type", ("semantic_vad", "server_vad")),
+        ({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}},
+         "session.audio.input.turn_detection.type", ("semantic_vad", "server_vad")),
+        ({"input_audio_format": "g711_ulaw"}, "session.input_audio_format", ("g711_ulaw", "pcm16")),
+        ({"output_audio_format": "g711_alaw"}, "session.output_audio_format", ("g711_alaw", "pcm16")),
+        ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, "session.audio.input.format",
+         ("audio/pcmu", "audio/pcm")),
+        ({"audio": {"output": {"format": {"type": "audio/pcma"}}}}, "session.audio.output.format",
+         ("audio/pcma", "audio/pcm")),
+    ]
+
+    async def go():
+        url = server.url.replace("http://", "ws://") + "/v1/realtime?model=" + server.info.id
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(url) as ws:
+                created = await ws.receive_json()
+                assert created["type"] == "session.created"
+                for session, param, words in refused:
+                    await ws.send_json({"type": "session.update", "event_id": "ev_bad", "session": session})
+                    event = await ws.receive_json(timeout=10)
+                    assert event["type"] == "error", (session, event)
+                    error = event["error"]
+                    assert error["param"] == param and error["event_id"] == "ev_bad", error
+                    assert all(w in error["message"] for w in words), error["message"]
+                # nothing changed: the session still detects turns with server_vad and speaks pcm16
+                await ws.send_json({"type": "session.update", "session": {"instructions": "brief"}})
+                updated = (await ws.receive_json(timeout=10))["session"]
+                assert updated["audio"] == created["session"]["audio"]
+                assert updated["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+                assert updated["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+
+    run(go())
+
+
 def test_dropped_socket_frees_every_stage(server):
     async def go():
         url = server.url.replace("http://", "ws://") + "/v1/realtime?model=" + server.info.id

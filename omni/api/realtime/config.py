@@ -192,7 +192,8 @@ def _stage_sampling(state: ServerState, value: Any, param: str) -> dict[str, Sta
 def _ga_format(value: Any, param: str) -> None:
     value = _obj(value, param)
     if value.get("type") not in _GA_FORMATS or value.get("rate", PCM_RATE) != PCM_RATE:
-        raise bad_request(f"{param} is not served; only {{'type': 'audio/pcm', 'rate': 24000}}", param=param,
+        got = {k: value[k] for k in ("type", "rate") if k in value}
+        raise bad_request(f"{param} {got} is not served; only {{'type': 'audio/pcm', 'rate': 24000}}", param=param,
                           code="unsupported_audio_format")
 
 

@@ -11,6 +11,7 @@ Inputs with equal `pad_len` batch together without changing any output.
 from __future__ import annotations
 
 import math
+from hashlib import blake2b
 from pathlib import Path
 
 import numpy as np
@@ -156,7 +157,9 @@ class AudioFeaturesEncoder:
     """`BatchEncoder` for the encoder stage. Item: {"features": [mel_bins, frames] float32,
     "pad_len": optional int (the request's longest chunk, to match transformers when a
     request has several audios)}. Output: {"audio_embeds": [tokens, output_dim]}, the key the
-    thinker takes."""
+    thinker takes, and {"audio_keys": [tokens, 16] uint8}: each row the digest of what decided it
+    (features and pad_len). The thinker's prefix cache keys audio rows by it: the embeddings of one
+    audio differ in their last bits by what it was batched with, its inputs do not."""
 
     def __init__(self, model: AudioEncoder):
         self.model = model
@@ -172,6 +175,15 @@ class AudioFeaturesEncoder:
     def encode(self, items: list[dict]) -> list[dict]:
         device = self.model.positions.device
         feats = [torch.as_tensor(np.asarray(it["features"], dtype=np.float32), device=device) for it in items]
-        outs = self.model(feats, pad_len=self.batch_key(items[0]))
-        return [{"audio_embeds": o} for o in outs]
+        pad_len = self.batch_key(items[0])
+        outs = self.model(feats, pad_len=pad_len)
+        return [{"audio_embeds": o, "audio_keys": input_digest(it["features"], pad_len, len(o))}
+                for it, o in zip(items, outs)]
+
+
+def input_digest(features, pad_len: int, rows: int) -> np.ndarray:
+    """[rows, 16] uint8: one audio's features and pad_len hashed, repeated for each of its rows."""
+    h = blake2b(np.ascontiguousarray(features, dtype=np.float32).tobytes(), digest_size=16)
+    h.update(f"{np.shape(features)}:{pad_len}".encode())
+    return np.tile(np.frombuffer(h.digest(), dtype=np.uint8), (rows, 1))
 

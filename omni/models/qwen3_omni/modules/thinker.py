@@ -13,7 +13,9 @@ needs taps 0 and `accept_hidden_layer`.
 
 Prefix caching (`prefix_key`): a text-only sequence's KV is decided by its token ids; one with
 media also by each block's M-RoPE positions, merged embeddings and deepstack rows, hashed from
-host copies made once per request.
+host copies made once per request. Audio rows are keyed by their encoder's inputs (`audio_keys`)
+instead: an audio's embeddings change in their last bits with what it was batched with, so a
+conversation's earlier audio, encoded again with the new turn's, would never hit.
 """
 
 from __future__ import annotations
@@ -191,14 +193,14 @@ class Qwen3OmniThinker(nn.Module, ARModel):
 
     # ---- per-request inputs ----------------------------------------------------------
     def prepare(self, seq: Sequence, inputs: dict[str, Any]) -> None:
-        known = {"audio_embeds", "image_embeds", "image_grid_thw", "video_embeds", "video_grid_thw",
+        known = {"audio_embeds", "audio_keys", "image_embeds", "image_grid_thw", "video_embeds", "video_grid_thw",
                  "video_second_per_grid", "image_deepstack", "video_deepstack"}
         unknown = set(inputs) - known
         if unknown:
             raise InvalidRequest(f"thinker: unknown inputs {sorted(unknown)}")
         cfg, prompt = self.cfg, seq.prompt_token_ids
         ids = torch.tensor(prompt)
-        merged_pos, merged_emb = [], []
+        merged_pos, merged_emb, merged_keys = [], [], []
         for kind, token in (("audio", cfg.audio_token_id), ("image", cfg.image_token_id), ("video", cfg.video_token_id)):
             where = torch.nonzero(ids == token).flatten()
             emb = inputs.get(f"{kind}_embeds")
@@ -211,12 +213,16 @@ class Qwen3OmniThinker(nn.Module, ARModel):
                     raise InvalidRequest(f"thinker: {kind} embeddings of width {emb.shape[-1]}, need {cfg.text.hidden_size}")
                 merged_pos.append(where)
                 merged_emb.append(emb)
+                keys = inputs.get(f"{kind}_keys")
+                merged_keys.append(None if keys is None else _tensor(keys, torch.uint8, "cpu"))
         state = seq.model_state
         if merged_pos:
             pos = torch.cat(merged_pos)
             order = torch.argsort(pos)
             state["mm_pos"] = pos[order].tolist()
             state["mm_embeds"] = torch.cat(merged_emb)[order.to(self.device)]
+            if all(k is not None and k.shape == (e.shape[0], 16) for k, e in zip(merged_keys, merged_emb)):
+                state["mm_keys"] = torch.cat(merged_keys)[order]  # rows keyed by their inputs (see prefix_key)
         images = _grids(inputs.get("image_grid_thw"))
         videos = _grids(inputs.get("video_grid_thw"), inputs.get("video_second_per_grid"))
         if images or videos:
@@ -267,7 +273,8 @@ class Qwen3OmniThinker(nn.Module, ARModel):
             if not positions:
                 continue
             lo, hi = bisect_left(positions, start), bisect_left(positions, end)
-            host = st.get(f"{rows_key}_host")
+            host = st.get("mm_keys") if rows_key == "mm_embeds" else None  # rows keyed by their inputs
+            host = host if host is not None else st.get(f"{rows_key}_host")
             if host is None:  # one copy per request, only for hashing
                 host = st[f"{rows_key}_host"] = st[rows_key].detach().cpu().contiguous()
             rows = host[lo:hi] if axis == 0 else host[:, lo:hi]
