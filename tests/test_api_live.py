@@ -201,7 +201,7 @@ def test_health_metrics_openapi(client, server):
         assert name in text, name
     doc = requests.get(server.url + "/openapi.json", timeout=10).json()
     assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/audio/speech", "/v1/audio/transcriptions",
-                                 "/v1/audio/translations", "/v1/models", "/v1/models/{model}", "/health", "/metrics", "/openapi.json"}
+                                 "/v1/audio/translations", "/v1/audio/voices", "/v1/audio/voices/{voice_id}", "/v1/models", "/v1/models/{model}", "/health", "/metrics", "/openapi.json"}
 
 
 @pytest.fixture(scope="module")

@@ -94,7 +94,8 @@ def test_omni_families_register_without_torch():
             "      [(d.family, d.beside) for d in R.defaults], sorted(R.stage_kinds)[:3])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[0] == ("['demo', 'qwen3-omni', 'whisper'] ['qwen3-omni'] ['convert-whisper'] {} "
+    assert out.stdout.split("\n")[0] == ("['demo', 'qwen3-omni', 'qwen3-tts', 'whisper'] ['qwen3-omni', 'qwen3-tts'] "
+                                         "['convert-whisper'] {} "
                                          "[('qwen3-omni', False), ('whisper', True)] "
                                          "['demo.encoder', 'demo.generator', 'demo.vocoder']")
 
@@ -180,7 +181,7 @@ def test_make_tiny_and_commands_of_a_dropped_in_family(new_family, tmp_path, cap
     assert cli.main(["make-tiny", "newfam", str(tmp_path / "refuse")]) == 2
     assert "make-tiny failed: this directory is refused" in capsys.readouterr().err
     assert cli.main(["make-tiny", "broken", str(tmp_path / "e")]) == 2
-    assert "make-tiny knows the families newfam, qwen3-omni, not 'broken'" in capsys.readouterr().err
+    assert "make-tiny knows the families newfam, qwen3-omni, qwen3-tts, not 'broken'" in capsys.readouterr().err
     assert cli.main(["newfam-hello", "a", "--b"]) == 0
     assert capsys.readouterr().out == "hello a --b\n"
     assert cli.main(["newfam-hello", "three"]) == 3

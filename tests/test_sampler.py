@@ -114,6 +114,21 @@ def test_presence_frequency_bias_and_suppression():
     assert with_rule.sample(logits, with_rule.slots_of([plain]), SampleMode.FILTER, [plain]).tolist() != [3]
 
 
+def test_min_tokens_holds_back_the_stop_ids_only_while_few_tokens_are_out():
+    """transformers' MinNewTokensLengthLogitsProcessor: stop ids are -inf for the first min_tokens draws."""
+    logits = torch.zeros(2, V)
+    logits[:, 5], logits[:, 6], logits[:, 8] = 9.0, 8.0, 7.0  # 5 and 6 are stop ids, 8 the best other token
+    sampler = Sampler(V, 2, "cpu")
+    held = _seq("a", [1], [], temperature=0.0, min_tokens=2, stop_token_ids=(5, 6))
+    free = _seq("b", [1], [], temperature=0.0, stop_token_ids=(5, 6))
+    for seq in (held, free):
+        sampler.assign(seq)
+    slots = sampler.slots_of([held, free])
+    drawn = [sampler.sample(logits, slots, SampleMode.SAMPLE).tolist() for _ in range(3)]  # graph-safe: no seqs
+    assert drawn == [[8, 5], [8, 5], [5, 5]]
+    assert not held.params.neutral
+
+
 def test_draws_follow_the_processed_softmax():
     """20,000 seeded draws against softmax(processed logits): a chi-square test per row."""
     gen = torch.Generator().manual_seed(2)

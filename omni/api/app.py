@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.api import playground, routes_audio, routes_chat, routes_info, routes_transcribe
+from omni.api import playground, routes_audio, routes_chat, routes_info, routes_transcribe, routes_voices
 from omni.api.cors import install_cors
 from omni.api.errors import ApiError, error_middleware
 from omni.api.metrics import route_label
@@ -88,11 +88,13 @@ def build_app(kernel: Any, info: ModelInfo, stage_names: list[str], config: Serv
                                        admission_middleware])
     if config.allowed_origins:
         install_cors(app, config.allowed_origins)
-    app[STATE] = ServerState(kernel, info, list(stage_names), config, extra_models=list(extra_models or ()))
+    app[STATE] = ServerState(kernel, info, list(stage_names), config, extra_models=list(extra_models or ()),
+                             voices=routes_voices.open_store(info, config))
     app.router.add_post(routes_chat.ROUTE, routes_chat.chat_completions)
     app.router.add_post(routes_audio.SPEECH_ROUTE, routes_audio.speech)
     app.router.add_post(routes_transcribe.TRANSCRIBE_ROUTE, routes_transcribe.transcriptions)
     app.router.add_post(routes_transcribe.TRANSLATE_ROUTE, routes_transcribe.translations)
+    routes_voices.install(app)
     app.router.add_get("/v1/models", routes_info.list_models)
     app.router.add_get("/v1/models/{model}", routes_info.get_model)
     app.router.add_get("/health", routes_info.health)

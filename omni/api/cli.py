@@ -112,6 +112,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "comma-separated; default: none (no CORS headers)")
     parser.add_argument("--request-timeout", type=float, default=None, help="per-request deadline, seconds")
     parser.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body")
+    parser.add_argument("--voice-cache-mb", type=float, default=256.0,
+                        help="uploaded voices kept on disk (models that clone voices); past it the least recently "
+                             "used are evicted")
     parser.add_argument("--max-audio-seconds", type=float, default=600.0, help="longest input audio")
     parser.add_argument("--image-host", action="append", default=[], help="allow image_url from this host")
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish requests on stop")
@@ -250,6 +253,7 @@ def server_config(args: argparse.Namespace):
                         limits=MediaLimits(max_audio_seconds=args.max_audio_seconds, image_hosts=args.image_host),
                         request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,
                         model_aliases=args.served_model_name[1:],
+                        voice_dir=str(cache_dir() / "voices"), voice_cache_bytes=int(args.voice_cache_mb * (1 << 20)),
                         allowed_origins=allowed_origins(args.allowed_origins))
 
 

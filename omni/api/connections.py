@@ -17,7 +17,7 @@ from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
-from omni.api.errors import ApiError, error_response
+from omni.api.errors import ApiError, bad_request, error_response, too_large
 from omni.api.state import STATE
 
 LINGER_S = 1.0
@@ -87,3 +87,38 @@ async def write_within(request: web.Request, response: web.StreamResponse, data:
         if request.transport is not None:
             request.transport.abort()
         raise ConnectionResetError(f"the client read nothing for {timeout_s:g} s") from None
+
+
+MAX_FIELD_BYTES = 64 << 10  # a multipart field that is not the file
+
+
+async def read_form(request: web.Request, max_file_bytes: int, file_fields: tuple[str, ...] = ("file",)
+                     ) -> tuple[dict[str, str | list[str]], bytes | None]:
+    """The multipart fields (an `x[]` field may repeat: its values are a list) and the file (the
+    first of `file_fields` present)."""
+    if not request.content_type.startswith("multipart/"):
+        raise bad_request(f"expected multipart/form-data, got {request.content_type!r}", code="invalid_content_type")
+    fields: dict[str, str] = {}
+    audio: bytes | None = None
+    try:
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            if getattr(part, "name", None) is None:
+                continue
+            limit = max_file_bytes if part.name in file_fields else MAX_FIELD_BYTES
+            data = bytearray()
+            while chunk := await part.read_chunk(64 << 10):
+                data += chunk
+                if len(data) > limit:
+                    raise too_large(f"form field {part.name!r} is over {limit} bytes", part.name)
+            if part.name in file_fields:
+                audio = bytes(data) if audio is None else audio
+            elif part.name.endswith("[]"):
+                fields.setdefault(part.name, []).append(data.decode("utf-8", errors="replace"))
+            else:
+                fields[part.name] = data.decode("utf-8", errors="replace")
+    except ApiError:
+        raise
+    except Exception as exc:  # aiohttp raises assorted types (InvalidHeader, ValueError...) for a bad body
+        raise bad_request(f"malformed multipart body: {exc}", code="invalid_multipart") from None
+    return fields, audio

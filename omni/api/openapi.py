@@ -23,7 +23,7 @@ def _components() -> dict:
 
 def _errors(*statuses: int) -> dict:
     what = {400: "invalid request", 401: "missing or bad API key", 404: "unknown model or route",
-            413: "body or media over the limits", 429: "admission full; retry later",
+            409: "a voice of that name exists", 413: "body or media over the limits", 429: "admission full; retry later",
             503: "a needed stage is down, or the server is draining", 504: "deadline exceeded"}
     ref = {"$ref": _REF.format(name="ErrorResponse")}
     return {str(s): {"description": what[s], "content": {"application/json": {"schema": ref}}} for s in statuses}
@@ -37,6 +37,13 @@ _OBJ = {"type": "object"}
 _CHAT_OK = {"type": "object", "required": ["id", "object", "choices"],
             "properties": {"id": {"type": "string"}, "object": {"type": "string"},
                            "choices": {"type": "array"}, "usage": {"type": "object"}}}
+_VOICE = {"type": "object", "required": ["id", "object", "name"]}
+_VOICE_FORM = {"type": "object", "required": ["name", "audio_sample"],
+               "properties": {"name": {"type": "string"}, "audio_sample": {"type": "string", "format": "binary"},
+                              "ref_text": {"type": "string", "description": "the clip's transcript (none: the "
+                                                                            "voice is cloned from its speaker "
+                                                                            "embedding only)"},
+                              "consent": {"type": "string"}}}
 _TRANSCRIBE_FORM = {
     "type": "object",
     "required": ["file", "model"],
@@ -106,6 +113,24 @@ def build_openapi(voices: list[str] | None = None, models: list[str] | None = No
             "summary": "Speech in any language to English text (served only by a model that translates)",
             "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": translate_form}}},
             "responses": {"200": text_ok, **_errors(400, 401, 404, 413, 429, 503, 504)}}},
+        "/v1/audio/voices": {
+            "get": {"operationId": "listVoices", "summary": "The model's voices and the uploaded ones",
+                    "responses": {"200": _json({"type": "object", "required": ["object", "data", "voices"]},
+                                               "voice list"), **_errors(401)}},
+            "post": {"operationId": "createVoice",
+                     "summary": "Upload a voice to clone (a model that clones voices): a clip, its transcript, a name",
+                     "requestBody": {"required": True, "content": {
+                         "multipart/form-data": {"schema": _VOICE_FORM},
+                         "application/json": {"schema": {**_VOICE_FORM, "properties": {
+                             **_VOICE_FORM["properties"], "audio_sample": {"type": "string", "description":
+                                                                             "base64 or a data URL"}}}}}},
+                     "responses": {"200": _json(_VOICE, "the voice"), **_errors(400, 401, 404, 409, 413, 429, 503,
+                                                                                  504)}}},
+        "/v1/audio/voices/{voice_id}": {"delete": {
+            "operationId": "deleteVoice", "summary": "Delete an uploaded voice (by id or name)",
+            "parameters": [{"name": "voice_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {"200": _json({"type": "object", "required": ["id", "deleted"]}, "deleted"),
+                          **_errors(400, 401, 404)}}},
         "/v1/models": {"get": {
             "operationId": "listModels", "summary": "The served model",
             "responses": {"200": _json({"type": "object", "required": ["object", "data"]}, "model list"),

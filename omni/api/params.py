@@ -20,6 +20,7 @@ from omni.api.media import (
     off_loop,
     parse_image_url,
 )
+from omni.api.routes_voices import uploaded_voice
 from omni.api.schemas import (
     UNSERVED_CHAT_FIELDS,
     AudioPart,
@@ -28,6 +29,7 @@ from omni.api.schemas import (
     SpeechRequest,
     StageSampling,
     TextPart,
+    VoiceId,
 )
 
 if TYPE_CHECKING:
@@ -144,8 +146,11 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
             "max_tokens": req.max_completion_tokens or req.max_tokens, "ignore_eos": req.ignore_eos,
             "logprobs": logprobs_asked(state, req)}
     base = {k: v for k, v in base.items() if v is not None}
-    return {"task": "chat", "messages": messages, "modalities": modalities, "voice": voice,
-            "sampling": stage_sampling(state, base, req.stage_sampling)}
+    params = {"task": "chat", "messages": messages, "modalities": modalities, "voice": voice,
+              "sampling": stage_sampling(state, base, req.stage_sampling)}
+    if wants_audio:  # an uploaded voice of a model that clones voices
+        params.update(uploaded_voice(state, voice, "audio.voice"))
+    return params
 
 
 async def _content(state: ServerState, content, param: str, audio_budget: AudioBudget) -> str | list[dict]:
@@ -181,12 +186,19 @@ def speech_params(state: ServerState, req: SpeechRequest) -> dict:
                           code="speech_not_supported")
     if not req.input.strip():
         raise bad_request("input is blank", param="input", code="invalid_value")
-    voice = resolve_voice(state, req.voice, "voice")
+    voice = resolve_voice(state, req.voice.id if isinstance(req.voice, VoiceId) else req.voice, "voice")
     # speed is applied by the API (resampling, see routes_audio) unless the model says it applies it
     speed = req.speed if model_applies_speed(state) else 1.0
-    return {"task": "speech", "input": req.input, "voice": voice, "speed": speed,
-            "modalities": ["audio"], "messages": [],
-            "sampling": stage_sampling(state, {}, req.stage_sampling)}
+    params = {"task": "speech", "input": req.input, "voice": voice, "speed": speed,
+              "modalities": ["audio"], "messages": [],
+              "sampling": stage_sampling(state, {}, req.stage_sampling)}
+    takes = state.info.extra.get("instructions")  # a model that takes instructions (or refuses them) says so
+    if req.instructions and takes is False:
+        raise bad_request(f"model {state.info.id!r} takes no instructions", param="instructions",
+                          code="unsupported_value")
+    if req.instructions and takes:
+        params["instructions"] = req.instructions
+    return params
 
 
 def model_applies_speed(state: ServerState) -> bool:

@@ -15,18 +15,18 @@ from aiohttp import web
 
 from omni.api.audio_codec import CONTENT_TYPES, StreamEncoder
 from omni.api.connections import read_body, write_within
-from omni.api.errors import ApiError, as_api_error, bad_request, too_large
+from omni.api.errors import as_api_error
 from omni.api.generation import AudioPiece, Finish, KernelRequest
 from omni.api.metrics import RequestTimer
 from omni.api.params import model_applies_speed, speech_params
 from omni.api.prompt_bounds import check_prompt_chars
+from omni.api.routes_voices import speech_voice
 from omni.api.schemas import SpeechRequest, decode_body
 from omni.api.sse import SseStream
 from omni.api.state import STATE
 
 log = logging.getLogger("omni.api")
 SPEECH_ROUTE = "/v1/audio/speech"
-MAX_FIELD_BYTES = 64 << 10
 
 
 class SpeedChanger:
@@ -46,6 +46,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     req = decode_body(await read_body(request), SpeechRequest)
     check_prompt_chars(state.info, len(req.input), "input")
     params = speech_params(state, req)
+    params.update(await speech_voice(state, params["voice"], req.ref_audio, req.ref_text, req.x_vector_only_mode))
     timer = RequestTimer(state.metrics, SPEECH_ROUTE)
     changer_needed = req.speed != 1.0 and not model_applies_speed(state)
     sse = SseStream(request) if req.stream_format == "sse" else None
@@ -106,31 +107,3 @@ async def speech(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def _read_form(request: web.Request, max_file_bytes: int) -> tuple[dict[str, str | list[str]], bytes | None]:
-    """The multipart fields (an `x[]` field may repeat: its values are a list) and the `file`."""
-    if not request.content_type.startswith("multipart/"):
-        raise bad_request(f"expected multipart/form-data, got {request.content_type!r}", code="invalid_content_type")
-    fields: dict[str, str] = {}
-    audio: bytes | None = None
-    try:
-        reader = await request.multipart()
-        while (part := await reader.next()) is not None:
-            if getattr(part, "name", None) is None:
-                continue
-            limit = max_file_bytes if part.name == "file" else MAX_FIELD_BYTES
-            data = bytearray()
-            while chunk := await part.read_chunk(64 << 10):
-                data += chunk
-                if len(data) > limit:
-                    raise too_large(f"form field {part.name!r} is over {limit} bytes", part.name)
-            if part.name == "file":
-                audio = bytes(data)
-            elif part.name.endswith("[]"):
-                fields.setdefault(part.name, []).append(data.decode("utf-8", errors="replace"))
-            else:
-                fields[part.name] = data.decode("utf-8", errors="replace")
-    except ApiError:
-        raise
-    except Exception as exc:  # aiohttp raises assorted types (InvalidHeader, ValueError...) for a bad body
-        raise bad_request(f"malformed multipart body: {exc}", code="invalid_multipart") from None
-    return fields, audio

@@ -16,13 +16,12 @@ from functools import partial
 
 from aiohttp import web
 
-from omni.api.connections import within_body_timeout
+from omni.api.connections import read_form, within_body_timeout
 from omni.api.errors import as_api_error, bad_request
 from omni.api.generation import Finish, KernelRequest, TextPiece
 from omni.api.media import off_loop
 from omni.api.metrics import RequestTimer
 from omni.api.params import transcribe_params
-from omni.api.routes_audio import _read_form
 from omni.api.schemas import TRANSCRIPTION_FORMATS
 from omni.api.sse import SseStream
 from omni.api.state import STATE
@@ -91,7 +90,7 @@ async def translations(request: web.Request) -> web.StreamResponse:
 
 async def _serve(request: web.Request, task: str) -> web.StreamResponse:
     state = request.app[STATE]
-    fields, audio = await within_body_timeout(request, _read_form(request, state.config.limits.max_audio_bytes))
+    fields, audio = await within_body_timeout(request, read_form(request, state.config.limits.max_audio_bytes))
     if "model" not in fields:
         raise bad_request("missing form field 'model'", param="model", code="missing_field")
     if audio is None:

@@ -122,15 +122,25 @@ UNSERVED_CHAT_FIELDS: dict[str, tuple] = {
 }
 
 
+class VoiceId(Struct, forbid_unknown_fields=True):
+    """OpenAI's form of a custom voice in `voice`: {"id": "voice_..."}."""
+
+    id: str
+
+
 class SpeechRequest(Struct):
     model: str
     input: Annotated[str, Meta(min_length=1, max_length=4096)]
-    voice: str
+    voice: str | VoiceId  # a speaker's name, or (a model that clones voices) an uploaded voice's name or id
     response_format: SpeechFormat = "mp3"
     speed: Annotated[float, Meta(ge=0.25, le=4.0)] = 1.0
     stream_format: Literal["audio", "sse"] = "audio"
     instructions: str | None = None
     stage_sampling: dict[str, StageSampling] | None = None
+    # an inline reference clip for a model that clones voices (vLLM-Omni's names); `voice` is then ignored
+    ref_audio: str | None = None  # base64 or a data URL of an audio file
+    ref_text: str | None = None  # its transcript
+    x_vector_only_mode: bool | None = None  # clone from the speaker embedding only (no transcript needed)
 
 
 class ErrorDetail(Struct):

@@ -36,6 +36,10 @@ class ServerConfig:
     probe_timeout_s: float = 1.0
     model_aliases: list[str] = field(default_factory=list)  # extra names clients may use for the model
     allowed_origins: list[str] = field(default_factory=list)  # CORS: origins browsers may call from ("*": any)
+    voice_dir: str | None = None  # uploaded voices (models that clone voices); omnid: <cache dir>/voices,
+    # None: a temporary directory (not kept)
+    voice_cache_bytes: int = 256 << 20  # their total size on disk; past it the least recently used go
+    voice_max_seconds: float = 60.0  # longest reference clip taken
 
 
 @dataclass
@@ -59,6 +63,7 @@ class ServerState:
     draining: bool = False
     _idle: asyncio.Event | None = None
     extra_models: list[ServedModel] = field(default_factory=list)
+    voices: Any = None  # the VoiceStore of a model that clones voices
 
     def model_names(self) -> list[str]:
         """Every name a client may use: the served models, operator aliases, then those OpenAI names

@@ -122,6 +122,21 @@ if triton is not None:
         expert = tl.sum((block_end[None, :] <= b[:, None]).to(tl.int32), 1)
         tl.store(block_expert_ptr + b, tl.where(expert < EXPERTS, expert, -1), mask=b < N_BLOCKS)
 
+    @triton.jit
+    def _block_rows(sorted_ids_ptr, num_pairs, BLOCK_M: tl.constexpr):
+        """This program's BLOCK_M token-expert pair rows, and which are real (not block padding)."""
+        rows = tl.load(sorted_ids_ptr + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M))
+        return rows, rows < num_pairs
+
+    @triton.jit
+    def _dot(a, b, acc, IEEE: tl.constexpr):
+        """acc + a @ b; IEEE: exact float32 products (the interpreter and float32 tests)."""
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        return acc
+
     @triton.jit(do_not_specialize=["num_pairs"])
     def _gate_up_swiglu(
         x_ptr, w_ptr, h_ptr, sorted_ids_ptr, block_expert_ptr, num_pairs,
@@ -132,8 +147,7 @@ if triton is not None:
         expert = tl.load(block_expert_ptr + tl.program_id(0))
         if expert < 0:
             return
-        rows = tl.load(sorted_ids_ptr + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M))
-        row_ok = rows < num_pairs
+        rows, row_ok = _block_rows(sorted_ids_ptr, num_pairs, BLOCK_M)
         token = tl.where(row_ok, rows // TOP_K, 0)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < INNER
@@ -148,12 +162,8 @@ if triton is not None:
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             g = tl.load(g_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             u = tl.load(u_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            if IEEE:
-                acc_g = tl.dot(a, g, acc_g, input_precision="ieee")
-                acc_u = tl.dot(a, u, acc_u, input_precision="ieee")
-            else:
-                acc_g = tl.dot(a, g, acc_g)
-                acc_u = tl.dot(a, u, acc_u)
+            acc_g = _dot(a, g, acc_g, IEEE)
+            acc_u = _dot(a, u, acc_u, IEEE)
             a_ptrs += BLOCK_K
             g_ptrs += BLOCK_K
             u_ptrs += BLOCK_K
@@ -171,8 +181,7 @@ if triton is not None:
         expert = tl.load(block_expert_ptr + tl.program_id(0))
         if expert < 0:
             return
-        rows = tl.load(sorted_ids_ptr + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M))
-        row_ok = rows < num_pairs
+        rows, row_ok = _block_rows(sorted_ids_ptr, num_pairs, BLOCK_M)
         safe_rows = tl.where(row_ok, rows, 0)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < HIDDEN
@@ -184,10 +193,7 @@ if triton is not None:
             k_ok = k < INNER - k0
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            if IEEE:
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
+            acc = _dot(a, b, acc, IEEE)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
         route = tl.load(route_ptr + safe_rows, mask=row_ok, other=0.0).to(tl.float32)

@@ -34,6 +34,7 @@ NEG_INF = float("-inf")
 _M32 = 0xFFFFFFFF
 _M31 = 0x7FFFFFFF
 SMALL_VOCAB = 32768  # at or below: every batch takes the full path (its sort is cheap)
+MAX_MIN_TOKENS_STOPS = 8  # stop ids a row's min_tokens holds back (the first ones)
 
 
 class SampleMode(enum.IntEnum):
@@ -161,6 +162,14 @@ class SuppressTokens(LogitsProcessor):
         return logits.masked_fill(self.mask, NEG_INF)
 
 
+def _mask_early_stops(x: torch.Tensor, stop_ids: torch.Tensor, early: torch.Tensor) -> torch.Tensor:
+    """-inf at each row's stop ids while it has fewer than min_tokens outputs (`early`); graph-safe.
+    A row's padding repeats its first stop id, so duplicate scatter targets write one value."""
+    ids = stop_ids.clamp_min(0)
+    mask = early[:, None] & (stop_ids >= 0)
+    return x.scatter(1, ids, torch.where(mask, torch.full_like(x[:, :1], NEG_INF), x.gather(1, ids)))
+
+
 # ---- the stateful sampler of an engine --------------------------------------------------
 class Sampler:
     """Slots of per-sequence sampling state and the batched `sample` over them."""
@@ -173,7 +182,9 @@ class Sampler:
         self.processors = list(processors)
         self.vocab_ids = torch.arange(vocab_size, device=dev)
         self.fparams = torch.zeros(rows, 6, dtype=torch.float32, device=dev)  # temp top_p min_p rep pres freq
-        self.iparams = torch.zeros(rows, 3, dtype=torch.long, device=dev)  # top_k seed counter
+        self.iparams = torch.zeros(rows, 4, dtype=torch.long, device=dev)  # top_k seed counter min_tokens
+        # per row its stop ids (padded with its first one; -1: none), masked while counter < min_tokens
+        self.stop_ids = torch.full((rows, MAX_MIN_TOKENS_STOPS), -1, dtype=torch.long, device=dev)
         self.fparams[:, 1] = 1.0
         self.fparams[:, 3] = 1.0
         self.counts = torch.zeros(rows, vocab_size, dtype=torch.float32, device=dev)
@@ -199,7 +210,10 @@ class Sampler:
             seq.sample_seed = int(p.seed) if p.seed is not None else random.getrandbits(31)
         self.fparams[slot] = torch.tensor([p.temperature, p.top_p, p.min_p, p.repetition_penalty,
                                            p.presence_penalty, p.frequency_penalty])
-        self.iparams[slot] = torch.tensor([p.top_k, seq.sample_seed, len(seq.output_token_ids)])
+        self.iparams[slot] = torch.tensor([p.top_k, seq.sample_seed, len(seq.output_token_ids), p.min_tokens])
+        stops = [t for t in p.stop_token_ids if 0 <= t < self.vocab_size][:MAX_MIN_TOKENS_STOPS] if p.min_tokens else []
+        self.stop_ids[slot] = torch.tensor((stops + stops[:1] * MAX_MIN_TOKENS_STOPS)[:MAX_MIN_TOKENS_STOPS]
+                                           if stops else [-1] * MAX_MIN_TOKENS_STOPS)
         self.counts[slot].zero_()
         if seq.output_token_ids:
             out = self._ids(tuple(seq.output_token_ids))
@@ -253,6 +267,7 @@ class Sampler:
         counts = self.counts[slots]
         seen = self.prompt_seen[slots] | (counts > 0)
         x = apply_penalties(logits.float(), seen, counts, f[:, 3], f[:, 4], f[:, 5]) + self.bias[slots]
+        x = _mask_early_stops(x, self.stop_ids[slots], i[:, 2] < i[:, 3])
         for processor in self.processors:
             x = processor(x, slots, seqs)
         rows = RowParams(f[:, 0], i[:, 0], f[:, 1], f[:, 2], i[:, 1], i[:, 2])

@@ -40,6 +40,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # always stop (the stop token is returned)
     ignore_eos: bool = False  # do not stop on the engine's EOS ids
     suppress_token_ids: tuple[int, ...] = ()  # never sampled
+    min_tokens: int = 0  # the stop ids cannot be sampled before this many output tokens (vLLM's min_tokens)
     logprobs: int | None = None  # report each sampled token's log-prob and this many alternatives (logprobs.py)
 
     def __post_init__(self) -> None:
@@ -69,6 +70,8 @@ class SamplingParams:
             raise InvalidRequest(f"logprobs must be within [0, 20], got {self.logprobs}")
         if self.max_tokens < 1:
             raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise InvalidRequest(f"min_tokens must be >= 0, got {self.min_tokens}")
 
     @property
     def greedy(self) -> bool:
@@ -78,7 +81,7 @@ class SamplingParams:
     def neutral(self) -> bool:
         """No penalty, bias or suppressed id: the logits go to the draw as the model made them."""
         return (self.repetition_penalty == 1.0 and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0
-                and not self.logit_bias and not self.suppress_token_ids)
+                and not self.logit_bias and not self.suppress_token_ids and not self.min_tokens)
 
     @classmethod
     def from_dict(cls, params: dict[str, Any]) -> "SamplingParams":

@@ -11,7 +11,7 @@ flight), so continuous batching is SGLang's own and the actor's compute thread n
 Mapping:
 - sampling: temperature, top_p, top_k (0 -> -1), min_p, repetition / presence / frequency
   penalties, max_tokens -> max_new_tokens (capped by the context left), stop_token_ids, ignore_eos,
-  seed -> sampling_seed, logit_bias, suppress_token_ids -> logit_bias -inf. A penalty over output tokens only
+  seed -> sampling_seed, min_tokens -> min_new_tokens, logit_bias, suppress_token_ids -> logit_bias -inf. A penalty over output tokens only
   (`penalty_includes_prompt=False`) has no SGLang equivalent: rejected as InvalidRequest.
 - abort: `vendor.abort_request` on the loop; SGLang frees the request's KV slots
   in its own pool when its scheduler sees the abort (asynchronously, unlike the built-in engine;
@@ -68,6 +68,8 @@ def sglang_sampling(params: SamplingParams, max_new_tokens: int) -> dict[str, An
         "stop_token_ids": list(params.stop_token_ids),
         "ignore_eos": params.ignore_eos,
     }
+    if params.min_tokens:
+        out["min_new_tokens"] = params.min_tokens
     if params.seed is not None:
         out["sampling_seed"] = params.seed
     bias = {str(t): v for t, v in params.logit_bias}

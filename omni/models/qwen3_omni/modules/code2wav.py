@@ -5,6 +5,8 @@ Every part of code2wav is causal, so each layer keeps its left context in a per-
 samples the full decode would have there. Decoding all frames from a fresh state *is* the full
 decode. N frames always yield N * total_upsample - lookahead samples: the overlapping
 transposed convolutions hold back their last samples until the next frame arrives.
+`StreamingWaveDecoder` is everything after the code embedding; Qwen3-TTS's 12 Hz decoder is
+another embedding of it (omni.models.qwen3_tts.modules.speech_tokenizer_decoder).
 """
 
 from __future__ import annotations
@@ -53,23 +55,28 @@ class Code2WavStream:
     inputs_seen: dict[str, int] = field(default_factory=dict)  # per transposed conv
 
 
-class Code2Wav(nn.Module):
-    """Module names follow the checkpoint so weights load by name under `code2wav.`."""
+class StreamingWaveDecoder(nn.Module):
+    """Codes -> PCM through causal layers only: an embedding (the subclass's `build_embedding` and
+    `embed`), the sliding-window pre-transformer, upsampling ConvNeXt stages and the SEANet-style
+    decoder. Qwen3-Omni's code2wav and Qwen3-TTS's 12 Hz decoder are two embeddings of it.
 
-    def __init__(self, cfg: Code2WavConfig):
+    `width` is the convolutional width after the pre-transformer; `io_dim` (Qwen3-TTS) gives the
+    pre-transformer in/out projections; `trim_left=False` trims the upsampling transposed convs on
+    the right only (then T frames are exactly T * total_upsample samples, no lookahead).
+    """
+
+    def __init__(self, cfg, width: int, io_dim: int | None = None, trim_left: bool = True):
         super().__init__()
         self.cfg = cfg
-        self.pre_transformer = PreTransformer(cfg)
-        self.code_embedding = nn.Embedding(cfg.codebook_size * cfg.num_quantizers, cfg.hidden_size)
-        self.register_buffer(
-            "code_offset", torch.arange(cfg.num_quantizers).view(1, -1, 1) * cfg.codebook_size, persistent=False
-        )
-        self.upsample = nn.ModuleList([UpsampleStage(cfg.hidden_size, f) for f in cfg.upsampling_ratios])
+        self.trim_left = trim_left
+        self.pre_transformer = PreTransformer(cfg, io_dim)
+        self.build_embedding()
+        self.upsample = nn.ModuleList([UpsampleStage(width, f) for f in cfg.upsampling_ratios])
         dims = [cfg.decoder_dim // 2**i for i in range(len(cfg.upsample_rates) + 1)]
         if dims[-1] < 1:
             raise ValueError(f"decoder_dim {cfg.decoder_dim} too small for {len(cfg.upsample_rates)} blocks")
-        decoder: list[nn.Module] = [CausalConv(cfg.hidden_size, cfg.decoder_dim, 7)]
-        decoder += [DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(cfg.upsample_rates)]
+        decoder: list[nn.Module] = [CausalConv(width, cfg.decoder_dim, 7)]
+        decoder += [DecoderBlock(dims[i], dims[i + 1], r, trim_left) for i, r in enumerate(cfg.upsample_rates)]
         decoder += [SnakeBeta(dims[-1]), CausalConv(dims[-1], 1, 7)]
         self.decoder = nn.ModuleList(decoder)
         self._stateful = [
@@ -79,12 +86,12 @@ class Code2Wav(nn.Module):
         for name, m in self._stateful:
             m.key = name
 
-    @classmethod
-    def from_checkpoint(cls, ckpt_dir: str | Path, dtype=None, device: str = "cpu") -> "Code2Wav":
-        cfg = load_config(ckpt_dir).code2wav
-        if cfg is None:
-            raise CheckpointError(f"{ckpt_dir} has no audio output (no code2wav)")
-        return load_module(lambda: cls(cfg), ckpt_dir, PREFIX, dtype, device)
+    def build_embedding(self) -> None:
+        raise NotImplementedError
+
+    def embed(self, codes: torch.Tensor, st: StreamBatch) -> torch.Tensor:
+        """codes [B, num_quantizers, T] -> the pre-transformer's input [B, T, D]."""
+        raise NotImplementedError
 
     @property
     def sample_rate(self) -> int:
@@ -109,6 +116,8 @@ class Code2Wav(nn.Module):
 
     def samples_for(self, frames: int) -> int:
         """Samples the full decode of `frames` frames yields."""
+        if not self.trim_left:
+            return frames * self.samples_per_frame
         return samples_for(self.cfg, frames)
 
     def new_stream(self) -> Code2WavStream:
@@ -125,7 +134,7 @@ class Code2Wav(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.code_offset.device
+        return self.pre_transformer.norm.weight.device
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor, streams: list[Code2WavStream]) -> torch.Tensor:
@@ -172,7 +181,7 @@ class Code2Wav(nn.Module):
         return self.decode(codes, [self.new_stream() for _ in range(codes.shape[0])])[:, None]
 
     def _forward(self, codes: torch.Tensor, st: StreamBatch) -> torch.Tensor:
-        hidden = self.code_embedding(codes + self.code_offset).mean(1)
+        hidden = self.embed(codes, st)
         hidden = self.pre_transformer(hidden, st).permute(0, 2, 1)
         for stage in self.upsample:
             hidden = stage(hidden, st)
@@ -195,3 +204,26 @@ class Code2Wav(nn.Module):
             for key, n in st.consumed.items():
                 s.inputs_seen[key] += n
 
+
+class Code2Wav(StreamingWaveDecoder):
+    """Module names follow the checkpoint so weights load by name under `code2wav.`."""
+
+    def __init__(self, cfg: Code2WavConfig):
+        super().__init__(cfg, cfg.hidden_size)
+
+    def build_embedding(self) -> None:
+        cfg = self.cfg
+        self.code_embedding = nn.Embedding(cfg.codebook_size * cfg.num_quantizers, cfg.hidden_size)
+        self.register_buffer(
+            "code_offset", torch.arange(cfg.num_quantizers).view(1, -1, 1) * cfg.codebook_size, persistent=False
+        )
+
+    def embed(self, codes: torch.Tensor, st: StreamBatch) -> torch.Tensor:
+        return self.code_embedding(codes + self.code_offset).mean(1)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt_dir: str | Path, dtype=None, device: str = "cpu") -> "Code2Wav":
+        cfg = load_config(ckpt_dir).code2wav
+        if cfg is None:
+            raise CheckpointError(f"{ckpt_dir} has no audio output (no code2wav)")
+        return load_module(lambda: cls(cfg), ckpt_dir, PREFIX, dtype, device)

@@ -51,18 +51,20 @@ class CausalConv(nn.Module):
 
 
 class CausalTransConv(nn.Module):
-    """ConvTranspose1d trimmed by (kernel - stride) on both sides, as in the reference.
+    """ConvTranspose1d trimmed by (kernel - stride) on both sides, as in the reference (Qwen3-Omni),
+    or on the right only with `trim_left=False` (Qwen3-TTS's 12 Hz decoder).
 
     Output sample m (untrimmed) depends on inputs i with i*s <= m < i*s + k, so after n inputs
     every m < n*s is final: a call taking inputs [n, n+T) emits untrimmed [n*s, (n+T)*s), using
-    the last ceil(k/s) - 1 inputs as history; the first (k - s) samples of a stream are trimmed.
+    the last ceil(k/s) - 1 inputs as history; the first (k - s) samples of a stream are trimmed
+    (none with `trim_left=False`: then n inputs give exactly n*s samples).
     """
 
-    def __init__(self, cin: int, cout: int, kernel: int, stride: int):
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int, trim_left: bool = True):
         super().__init__()
         self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
         self.stride = stride
-        self.pad = kernel - stride
+        self.pad = kernel - stride if trim_left else 0
         self.history = math.ceil(kernel / stride) - 1
         self.key = ""
 
@@ -129,10 +131,10 @@ class ResidualUnit(nn.Module):
 class DecoderBlock(nn.Module):
     """Snake, upsampling transposed conv (kernel 2r, stride r), three dilated residual units."""
 
-    def __init__(self, cin: int, cout: int, rate: int):
+    def __init__(self, cin: int, cout: int, rate: int, trim_left: bool = True):
         super().__init__()
         self.block = nn.ModuleList(
-            [SnakeBeta(cin), CausalTransConv(cin, cout, 2 * rate, rate)]
+            [SnakeBeta(cin), CausalTransConv(cin, cout, 2 * rate, rate, trim_left)]
             + [ResidualUnit(cout, d) for d in (1, 3, 9)]
         )
 

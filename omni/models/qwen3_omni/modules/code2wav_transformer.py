@@ -31,10 +31,11 @@ class SlidingAttention(nn.Module):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.window = cfg.sliding_window
-        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        bias = getattr(cfg, "attention_bias", False)  # Qwen3-TTS's decoder config may set it
+        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
         self.key = ""
 
     @property
@@ -90,15 +91,22 @@ class TransformerLayer(nn.Module):
 
 
 class PreTransformer(nn.Module):
-    def __init__(self, cfg: Code2WavConfig):
+    """With `io_dim` (Qwen3-TTS), linear maps io_dim -> hidden_size before the layers and back after."""
+
+    def __init__(self, cfg: Code2WavConfig, io_dim: int | None = None):
         super().__init__()
         self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_proj = nn.Linear(io_dim, cfg.hidden_size) if io_dim else None
+        self.output_proj = nn.Linear(cfg.hidden_size, io_dim) if io_dim else None
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
 
     def forward(self, x: torch.Tensor, st: StreamBatch) -> torch.Tensor:
         positions = st.pos.to(x.device)[:, None] + torch.arange(x.shape[1], device=x.device)[None]
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        if self.input_proj is not None:
+            x = self.input_proj(x)
         for layer in self.layers:
             x = layer(x, cos, sin, st)
-        return self.norm(x)
+        x = self.norm(x)
+        return x if self.output_proj is None else self.output_proj(x)

@@ -71,11 +71,11 @@ class _Layer(nn.Module):
 class _Inner(nn.Module):
     """Holds `layers`, `norm`, `codec_embedding` under the checkpoint's `model.` prefix."""
 
-    def __init__(self, s: DecoderConfig, num_code_groups: int) -> None:
+    def __init__(self, s: DecoderConfig, num_code_groups: int, embed_dim: int) -> None:
         super().__init__()
         self.layers = nn.ModuleList(_Layer(s) for _ in range(s.num_layers))
         self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.codec_embedding = nn.ModuleList(nn.Embedding(s.vocab_size, s.hidden_size) for _ in range(num_code_groups - 1))
+        self.codec_embedding = nn.ModuleList(nn.Embedding(s.vocab_size, embed_dim) for _ in range(num_code_groups - 1))
 
 
 # (logits [B, V], group index) -> codes [B]
@@ -83,18 +83,29 @@ CodeSampler = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 class CodePredictor(nn.Module):
-    def __init__(self, spec: DecoderConfig, num_code_groups: int) -> None:
+    """`embed_dim`: the width of its inputs and code embeddings (the talker's; default its own).
+    When it differs from its own width (Qwen3-TTS 1.7B), `small_to_mtp_projection` maps every
+    input row down, as the reference does; the embeddings stay at the talker's width."""
+
+    def __init__(self, spec: DecoderConfig, num_code_groups: int, embed_dim: int | None = None) -> None:
         super().__init__()
         if spec.hidden_act != "silu":
             raise ValueError(f"code predictor hidden_act {spec.hidden_act!r} is not supported (silu only)")
         if num_code_groups < 2:
             raise ValueError(f"num_code_groups must be >= 2, got {num_code_groups}")
         self.spec, self.num_code_groups = spec, num_code_groups
-        self.model = _Inner(spec, num_code_groups)
+        self.embed_dim = embed_dim or spec.hidden_size
+        self.model = _Inner(spec, num_code_groups, self.embed_dim)
         self.lm_head = nn.ModuleList(
             nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) for _ in range(num_code_groups - 1)
         )
+        self.small_to_mtp_projection = (nn.Linear(self.embed_dim, spec.hidden_size, bias=True)
+                                        if self.embed_dim != spec.hidden_size else None)
         self.inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta)  # float32 whatever the weights' dtype
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """Input rows at `embed_dim` -> the predictor's width."""
+        return x if self.small_to_mtp_projection is None else self.small_to_mtp_projection(x)
 
     def load(self, tensors, prefix: str = "code_predictor.") -> None:
         load_weights(self, tensors, prefix)
@@ -108,7 +119,7 @@ class CodePredictor(nn.Module):
         into its next input.
         """
         groups = self.num_code_groups
-        x = torch.stack((past_hidden, code0_embed), dim=1)
+        x = self.project(torch.stack((past_hidden, code0_embed), dim=1))
         caches: list[list[torch.Tensor]] = [[] for _ in self.model.layers]
         codes, embeds = [], []
         pos = 0
@@ -124,7 +135,7 @@ class CodePredictor(nn.Module):
             codes.append(code)
             emb = self.model.codec_embedding[g](code)
             embeds.append(emb)
-            x = emb[:, None]
+            x = self.project(emb[:, None])
         return torch.stack(codes, dim=1), torch.stack(embeds, dim=1)
 
 
@@ -132,19 +143,21 @@ def greedy_codes(logits: torch.Tensor, group: int) -> torch.Tensor:
     return torch.argmax(logits, dim=-1)
 
 
-def predictor_rows(temperature: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor) -> RowParams:
+def predictor_rows(temperature: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor,
+                   top_k: int = PREDICTOR_TOP_K, top_p: float = PREDICTOR_TOP_P) -> RowParams:
     """The code predictor's per-row sampling, as transformers runs it when the talker samples
-    (top-k 50, top-p 0.8; temperature 0 = a greedy row): [B] temperature, seed and draw counter."""
-    k = torch.full_like(seed, PREDICTOR_TOP_K)
-    p = torch.full_like(temperature, PREDICTOR_TOP_P)
+    (Qwen3-Omni: top-k 50, top-p 0.8; temperature 0 = a greedy row): [B] temperature, seed and draw counter."""
+    k = torch.full_like(seed, top_k)
+    p = torch.full_like(temperature, top_p)
     return RowParams(temperature, k, p, torch.zeros_like(temperature), seed, counter)
 
 
-def sampled_codes(temperature: torch.Tensor, seed: torch.Tensor, frame: torch.Tensor, groups: int) -> CodeSampler:
+def sampled_codes(temperature: torch.Tensor, seed: torch.Tensor, frame: torch.Tensor, groups: int,
+                  top_k: int = PREDICTOR_TOP_K, top_p: float = PREDICTOR_TOP_P) -> CodeSampler:
     """The `sample` callback of `predict`: group g of frame f draws with counter f * (groups-1) + g-1,
     so every code of a request has its own noise, batched or alone, eager or in a graph."""
     def sample(logits: torch.Tensor, group: int) -> torch.Tensor:
         counter = frame * (groups - 1) + (group - 1)
-        return sample_rows(logits, predictor_rows(temperature, seed, counter), SampleMode.FILTER)
+        return sample_rows(logits, predictor_rows(temperature, seed, counter, top_k, top_p), SampleMode.FILTER)
 
     return sample

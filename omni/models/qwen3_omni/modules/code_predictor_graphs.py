@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from omni.models.qwen3_omni.modules.code_predictor import CodePredictor, predictor_rows
+from omni.models.qwen3_omni.modules.code_predictor import PREDICTOR_TOP_K, PREDICTOR_TOP_P, CodePredictor, predictor_rows
 from omni.layers.rotary import rope_cos_sin
 from omni.stages.ar.cuda_graphs import batch_buckets
 from omni.stages.ar.graph_capture import capture_graph
@@ -52,10 +52,12 @@ class _Static:
 
 
 class CodePredictorGraphs:
-    def __init__(self, predictor: CodePredictor, max_batch: int, device) -> None:
+    def __init__(self, predictor: CodePredictor, max_batch: int, device, top_k: int = PREDICTOR_TOP_K,
+                 top_p: float = PREDICTOR_TOP_P) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.predictor = predictor
+        self.top_k, self.top_p = top_k, top_p
         self.device = torch.device(device)
         self.capture = self.device.type == "cuda"
         self.sizes = batch_buckets(max_batch)
@@ -125,7 +127,7 @@ class CodePredictorGraphs:
     def _new_static(self, size: int) -> _Static:
         p, dev, dt = self.predictor, self.device, self.dtype
         spec, groups = p.spec, p.num_code_groups
-        hidden = spec.hidden_size
+        hidden = p.embed_dim  # inputs and code embeddings are at the talker's width
         cache = (size, spec.num_kv_heads, groups, spec.head_dim)
         return _Static(
             hidden=torch.zeros(size, hidden, dtype=dt, device=dev),
@@ -144,7 +146,7 @@ class CodePredictorGraphs:
         p = self.predictor
         groups = p.num_code_groups
         base = s.frame * (groups - 1)
-        x = torch.stack((s.hidden, s.code0), dim=1)
+        x = p.project(torch.stack((s.hidden, s.code0), dim=1))
         start = 0
         for g in range(p.num_code_groups - 1):
             end = start + x.shape[1]
@@ -153,12 +155,12 @@ class CodePredictorGraphs:
             for layer, keys, values in zip(p.model.layers, s.keys, s.values):
                 h = layer.forward_static(h, cos, sin, keys, values, start)
             start = end
-            rows = predictor_rows(s.temperature, s.seed, base + g)
+            rows = predictor_rows(s.temperature, s.seed, base + g, self.top_k, self.top_p)
             code = sample_rows(p.lm_head[g](p.model.norm(h[:, -1])), rows, SampleMode.FILTER, self.vocab_ids)
             emb = p.model.codec_embedding[g](code)
             s.codes[:, g].copy_(code)
             s.embeds[:, g].copy_(emb)
-            x = emb[:, None]
+            x = p.project(emb[:, None])
 
     def _capture(self, static: _Static) -> bool:
         try:

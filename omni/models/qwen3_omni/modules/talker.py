@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from omni.kernel.errors import InvalidRequest
-from omni.models.qwen3_omni.modules.code_predictor import CodePredictor, sampled_codes
+from omni.models.qwen3_omni.modules.code_predictor import PREDICTOR_TOP_K, PREDICTOR_TOP_P, CodePredictor, sampled_codes
 from omni.models.qwen3_omni.modules.code_predictor_graphs import CodePredictorGraphs
 from omni.models.qwen3_omni.config import DecoderConfig, Qwen3OmniConfig, load_config
 from omni.models.qwen3_omni.modules.rope import DEFAULT_MROPE_SECTION, mrope_cos_sin
@@ -59,6 +59,7 @@ class TalkerRequest:
     inputs: TalkerInputs
     greedy: bool
     seed: int = 0  # the code predictor's draws (the talker's own go through the engine's sampler)
+    predictor_temperature: float = 1.0  # the code predictor's when the talker samples (greedy: 0)
     frame_embeds: list[torch.Tensor] = field(default_factory=list)  # per computed frame [H]
 
     @property
@@ -91,6 +92,7 @@ class _Decoder(nn.Module):
 
 class TalkerModel(nn.Module, ARModel):
     supports_cuda_graphs = True  # forward reads no spans and, on CUDA, syncs no host
+    predictor_top_k, predictor_top_p = PREDICTOR_TOP_K, PREDICTOR_TOP_P  # the code predictor's filters
     decode_form = DecodeForm(embeds=True, pos_lead=(3,), pos_dtype=torch.float32)  # frame embeddings, M-RoPE
     def __init__(self, cfg: Qwen3OmniConfig) -> None:
         nn.Module.__init__(self)
@@ -288,7 +290,8 @@ class TalkerModel(nn.Module, ARModel):
         all captured now (the static path runs eagerly on CPU). Called by the stage when its
         engine has `cuda_graphs` on."""
         device = self.codec_head.weight.device
-        self.predictor_graphs = CodePredictorGraphs(self.code_predictor, max_batch, device)
+        self.predictor_graphs = CodePredictorGraphs(self.code_predictor, max_batch, device,
+                                                    self.predictor_top_k, self.predictor_top_p)
         if self.predictor_graphs.capture:
             t0 = time.monotonic()
             n = self.predictor_graphs.capture_all()
@@ -298,7 +301,7 @@ class TalkerModel(nn.Module, ARModel):
                        reqs: list[TalkerRequest]) -> tuple[torch.Tensor, torch.Tensor]:
         """Groups 1..G-1 with each row's sampling (greedy rows argmax), from the graphs when on."""
         dev = past_hidden.device
-        temperature = torch.tensor([0.0 if r.greedy else 1.0 for r in reqs]).to(dev, non_blocking=True)
+        temperature = torch.tensor([0.0 if r.greedy else r.predictor_temperature for r in reqs]).to(dev, non_blocking=True)
         seed = torch.tensor([r.seed for r in reqs], dtype=torch.long).to(dev, non_blocking=True)
         frame = torch.tensor([len(r.frame_embeds) for r in reqs], dtype=torch.long).to(dev, non_blocking=True)
         graphs = self.predictor_graphs
@@ -306,8 +309,8 @@ class TalkerModel(nn.Module, ARModel):
             out = graphs.run(past_hidden, code0_embed, temperature, seed, frame)
             if out is not None:
                 return out
-        return self.code_predictor.predict(past_hidden, code0_embed,
-                                           sampled_codes(temperature, seed, frame, self.num_code_groups))
+        return self.code_predictor.predict(past_hidden, code0_embed, sampled_codes(
+            temperature, seed, frame, self.num_code_groups, self.predictor_top_k, self.predictor_top_p))
 
     def _goes_on(self, seq, token: int) -> bool:
         """False when `token` ends the sequence (no frame is computed for it then)."""

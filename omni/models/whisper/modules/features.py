@@ -7,11 +7,10 @@ clipped to 8 (in log10 units) below the window's maximum and scaled as (x + 4) /
 
 from __future__ import annotations
 
-import math
-from functools import lru_cache
-
 import numpy as np
 import torch
+
+from omni.layers.mel import mel_filters as shared_mel_filters
 
 SAMPLE_RATE = 16000
 N_FFT = 400
@@ -20,35 +19,9 @@ WINDOW_SECONDS = 30
 WINDOW_SAMPLES = SAMPLE_RATE * WINDOW_SECONDS  # 480000
 WINDOW_FRAMES = WINDOW_SAMPLES // HOP  # 3000
 
-_MEL_BREAK_HZ = 1000.0
-_MEL_BREAK = 15.0  # 1000 Hz on the Slaney scale (3 / 200 mel per Hz below the break)
-_LOG_STEP = math.log(6.4) / 27.0
-
-
-def hz_to_mel(hz: np.ndarray) -> np.ndarray:
-    hz = np.asarray(hz, dtype=np.float64)
-    linear = hz * 3.0 / 200.0
-    log = _MEL_BREAK + np.log(np.maximum(hz, 1e-12) / _MEL_BREAK_HZ) / _LOG_STEP
-    return np.where(hz >= _MEL_BREAK_HZ, log, linear)
-
-
-def mel_to_hz(mel: np.ndarray) -> np.ndarray:
-    mel = np.asarray(mel, dtype=np.float64)
-    linear = mel * 200.0 / 3.0
-    log = _MEL_BREAK_HZ * np.exp(_LOG_STEP * (mel - _MEL_BREAK))
-    return np.where(mel >= _MEL_BREAK, log, linear)
-
-
-@lru_cache(maxsize=4)
 def mel_filters(n_mels: int, n_fft: int = N_FFT, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """[n_fft // 2 + 1, n_mels] triangular filters, each scaled to unit area (Slaney norm)."""
-    fft_hz = np.linspace(0.0, sample_rate / 2, n_fft // 2 + 1)
-    edges = mel_to_hz(np.linspace(hz_to_mel(0.0), hz_to_mel(8000.0), n_mels + 2))
-    lo, mid, hi = edges[:-2], edges[1:-1], edges[2:]
-    rising = (fft_hz[:, None] - lo) / (mid - lo)
-    falling = (hi - fft_hz[:, None]) / (hi - mid)
-    bank = np.maximum(0.0, np.minimum(rising, falling))
-    return (bank * (2.0 / (hi - lo))).astype(np.float32)
+    """[n_fft // 2 + 1, n_mels] Slaney filters over 0-8 kHz."""
+    return shared_mel_filters(n_mels, n_fft, sample_rate, 0.0, 8000.0)
 
 
 def pad_window(pcm: np.ndarray) -> np.ndarray:
