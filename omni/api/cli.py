@@ -1,7 +1,7 @@
 """`omnid`: serve a model over the OpenAI-compatible API, make a tiny test model, list plugins.
 
     omnid serve [--model DIR|FAMILY] [--host 127.0.0.1] [--port 8000] [--config FILE] [--set k=v ...]
-                [--device cuda] [--dtype bfloat16] [--served-model-name NAME [ALIAS ...]]
+                [--device cuda | --gpus 0,1,2] [--dtype bfloat16] [--served-model-name NAME [ALIAS ...]]
                 [--allowed-origins '["*"]'] [--api-key KEY] [--max-concurrent N]    (omnid serve --help: all)
     omnid make-tiny [FAMILY] DIR [the family's flags]    (omnid make-tiny --help lists the families)
     omnid plugins
@@ -81,6 +81,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None,
                         help="device of every GPU-capable stage, e.g. cuda or cuda:1 (per stage: --set NAME.device=...); "
                              "default: the family's (cpu)")
+    parser.add_argument("--gpus", default=None, metavar="0,1,2",
+                        help="place the GPU stages on these GPUs by memory and load (the heaviest stage alone on "
+                             "the first when there are two or more; placement.py); --set NAME.device=cuda:N or NAME.devices=[...] still pins a stage")
     parser.add_argument("--dtype", default=None,
                         help="weights dtype of every GPU-capable stage, e.g. bfloat16 (per stage: --set "
                              "NAME.args.dtype=...); default: the family's")
@@ -174,6 +177,13 @@ def load_model(args: argparse.Namespace):
             overrides.setdefault(stage, {}).update(fields)
         if overrides:
             apply_overrides(graph, overrides)
+        if args.gpus:
+            from omni.placement import parse_gpus, place
+
+            # "device=cuda" only says "a GPU" (the plan picks which); "cuda:N", "cpu" or `devices` pin the stage
+            pinned = {name for name, fields in overrides.items()
+                      if "devices" in fields or fields.get("device", "cuda") != "cuda"}
+            place(graph, parse_gpus(args.gpus), keep=pinned)
     except CliError:
         raise
     except (ValueError, OSError, KeyError, ImportError) as exc:  # GraphError is a ValueError
@@ -184,7 +194,8 @@ def load_model(args: argparse.Namespace):
 def family_options(args: argparse.Namespace) -> dict:
     """--device / --dtype as the family builder's options: each family knows which of its stages
     run on a GPU (a preprocess stage stays on the CPU)."""
-    return {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
+    device = args.device or ("cuda" if getattr(args, "gpus", None) else None)  # --gpus: the GPU stages, placed later
+    return {k: v for k, v in (("device", device), ("dtype", args.dtype)) if v}
 
 
 def allowed_origins(text: str | None) -> list[str]:
@@ -255,6 +266,9 @@ def _say(text: str) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    from omni.gpu_env import keep_multicast_off
+
+    keep_multicast_off()  # every process the server starts inherits it
     check_port_free(args.host, args.port)
     config = server_config(args)  # first: a bad key file fails before any stage starts
     _say("omnid: loading model " + (args.model or "(embedded default)"))
@@ -268,7 +282,9 @@ async def serve(args: argparse.Namespace) -> None:
                     info.id)
     from omni.api.mps import MPSError, start_mps
 
-    devices = [s.device for s in graph.stages for _ in range(max(1, s.replicas))]
+    from omni.placement import process_devices
+
+    devices = process_devices(graph)
     try:  # before any stage process starts: they inherit its pipe directory
         mps = start_mps(getattr(args, "mps", "off") if args.mode == "process" else "off", devices)
     except MPSError as exc:

@@ -51,7 +51,7 @@ class End:
 class StageDriver:
     def __init__(self, graph: Graph, stage: str, replica: int) -> None:
         self.spec = spec = graph.stage(stage)
-        self.ctx = StageContext(spec.name, replica, stage_args(spec), spec.device,
+        self.ctx = StageContext(spec.name, replica, stage_args(spec, replica), spec.device_of(replica),
                                 in_ports=[e.dst_port for e in graph.incoming(stage).values()],
                                 out_ports=sorted({e.port for e in graph.outgoing(stage).values()}))
         self.stage: Any = None

@@ -32,6 +32,8 @@ class StageSpec:
     args: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"
     replicas: int = 1
+    devices: list[str] = field(default_factory=list)  # one per replica ("cuda:1", "cuda:2"); [] = all on `device`
+    load: float = 1.0  # one replica's memory and compute, relative to the graph's other stages (--gpus)
     max_batch: int | None = None  # the stage's batching bound; None = its kind's default (see stage_args)
     max_queue: int = 256  # inputs the actor hands the stage before it stops feeding it
     credits: int = 64  # chunks in flight on each inbound edge
@@ -41,6 +43,13 @@ class StageSpec:
     capability: str = ""  # what the stage serves alone (e.g. "image_input"); "" = core, every request needs it
     restart_window_s: float = 60.0
     restart_cooldown_s: float = 30.0
+
+    def device_of(self, replica: int) -> str:
+        """Where replica `replica` runs: its entry of `devices`, else `device`."""
+        return self.devices[replica] if self.devices else self.device
+
+    def all_devices(self) -> list[str]:
+        return [self.device_of(r) for r in range(self.replicas)]
 
 
 @dataclass
@@ -107,6 +116,10 @@ class Graph:
         for spec in self.stages:
             if spec.replicas < 1:
                 raise GraphError(f"stage {spec.name!r}: replicas must be >= 1")
+            one_each = len(spec.devices) == spec.replicas and all(isinstance(d, str) for d in spec.devices)
+            if spec.devices and not one_each:
+                raise GraphError(f"stage {spec.name!r}: devices must name one device per replica ({spec.replicas}), "
+                                 f"such as \"cuda:1\", got {spec.devices!r}")
             if spec.name != self.entry and not self.incoming(spec.name):
                 raise GraphError(f"stage {spec.name!r} has no inbound edge and is not the entry")
             stage_args(spec)
@@ -125,13 +138,13 @@ class Graph:
         )
 
 
-def stage_args(spec: StageSpec) -> Any:
-    """What a stage of `spec` gets as `ctx.args`: its kind's typed args, checked (omni/stages/args.py),
-    or the free-form dict of a kind that declares none."""
+def stage_args(spec: StageSpec, replica: int = 0) -> Any:
+    """What replica `replica` of a stage of `spec` gets as `ctx.args`: its kind's typed args, checked
+    (omni/stages/args.py), or the free-form dict of a kind that declares none."""
     from omni.kernel.registry import REGISTRY
     from omni.stages.args import resolve_args
 
-    return resolve_args(spec, REGISTRY.stage_args_class(spec.kind))
+    return resolve_args(spec, REGISTRY.stage_args_class(spec.kind), replica)
 
 
 # ---- overrides -------------------------------------------------------------------------

@@ -47,17 +47,18 @@ def coerce_args(cls: type, args: Any, stage: str) -> Any:
         raise GraphError(f"stage {stage!r}: args{'.' + at.rstrip('`') if at else ''}: {message}") from None
 
 
-def resolve_args(spec: Any, cls: type | None) -> Any:
+def resolve_args(spec: Any, cls: type | None, replica: int = 0) -> Any:
     """A StageSpec's args as its kind's `cls` (None: the free-form dict), with the stage-level fields
     the class takes (`STAGE_FIELDS`, default max_batch -> max_batch; an unset one leaves the kind's
-    default). `omni.kernel.graph.stage_args` calls it with the registered class."""
+    default; `device` is the replica's own, `spec.device_of(replica)`). `omni.kernel.graph.stage_args`
+    calls it with the registered class."""
     data = dict(spec.args)
     if "max_batch" in data:
         raise GraphError(f"stage {spec.name!r}: max_batch is a stage field: set {spec.name}.max_batch, not args")
     if cls is None:
         return data if spec.max_batch is None else {**data, "max_batch": spec.max_batch}
     for name, arg in getattr(cls, "STAGE_FIELDS", {"max_batch": "max_batch"}).items():
-        value = getattr(spec, name)
+        value = spec.device_of(replica) if name == "device" else getattr(spec, name)
         if value is None:
             continue
         if arg not in {f.name for f in dataclasses.fields(cls)}:

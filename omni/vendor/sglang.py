@@ -155,6 +155,16 @@ def taps_server_args(tap_layers, model: str) -> dict[str, Any]:
             "enable_return_hidden_states": True, "disable_radix_cache": True, "disable_prefill_cuda_graph": True}
 
 
+def parallel_server_args(tensor_parallel_size: int) -> dict[str, Any]:
+    """`sglang.Engine` arguments for a model split over `tensor_parallel_size` GPUs: SGLang's `tp_size`
+    (its ranks on base_gpu_id, base_gpu_id + 1, ..., as omni's built-in engine places them). NVLink
+    multicast stays off: SGLang leaves NCCL_NVLS_ENABLE to the environment unless `enable_nccl_nvls`
+    is asked for, and omni's processes keep it at 0 (omni/gpu_env.py)."""
+    if int(tensor_parallel_size) < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
+    return {"tp_size": int(tensor_parallel_size)} if tensor_parallel_size > 1 else {}
+
+
 async def pool_usage(engine) -> dict[str, int]:
     """Requests and KV tokens in use in an `sglang.Engine`'s scheduler (its load snapshot)."""
     loads = await engine.tokenizer_manager.get_loads()

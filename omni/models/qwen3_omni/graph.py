@@ -40,6 +40,10 @@ DEFAULT_VOICE = "ethan"  # transformers' default speaker
 DEFAULT_MAX_TOKENS = {"thinker": 1024, "talker": 4096}
 TINY_MAX_TOKENS = {"thinker": 64, "talker": 256}
 
+# one replica's memory and compute relative to the others, for `omnid serve --gpus` (placement.py):
+# the 30B-A3B thinker dwarfs the 3B talker, which outweighs code2wav; the encoders are small
+_LOADS = {"thinker": 8.0, "talker": 3.0, "code2wav": 2.0, "audio_encoder": 0.5, "vision_encoder": 0.5}
+
 _KINDS = {name: f"{FAMILY}.{name}" for name in  # registered by stages/__init__.py, with their args
           ("preprocess", "audio_encoder", "vision_encoder", "thinker", "talker", "code2wav")}
 
@@ -81,7 +85,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
                 **({"load_format": "random", "seed": randomized.get("seed", 0)} if randomized and name != "preprocess"
                    else {}),
                 **options.get("stage_args", {}).get(name, {})}
-        return StageSpec(name, _KINDS[name], args=args, device="cpu" if name == "preprocess" else device, **spec)
+        return StageSpec(name, _KINDS[name], args=args, device="cpu" if name == "preprocess" else device,
+                         load=_LOADS.get(name, 1.0), **spec)
 
     max_context = int(options.get("stage_args", {}).get("thinker", {}).get("max_model_len", EngineConfig.max_model_len))
     stages = [

@@ -41,6 +41,7 @@ class EngineConfig:
     cuda_graphs: bool = False  # replay decode steps from CUDA graphs (models with supports_cuda_graphs)
     cuda_graph_max_batch: int = 0  # largest captured decode batch; 0 = max_num_seqs
     attention_backend: str = "torch"  # "triton": paged decode kernel on CUDA (prefill stays torch)
+    tensor_parallel_size: int = 1  # ranks one replica's model is split over (tensor_parallel.py; SGLang's tp_size)
 
     def __post_init__(self) -> None:
         self.tap_layers = tuple(int(x) for x in self.tap_layers)
@@ -51,6 +52,8 @@ class EngineConfig:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise EngineConfigError(f"EngineConfig.attention_backend must be one of {ATTENTION_BACKENDS}, "
                                     f"got {self.attention_backend!r}")
+        if int(self.tensor_parallel_size) < 1:
+            raise EngineConfigError(f"EngineConfig.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.cuda_graph_max_batch < 0:
             raise EngineConfigError(f"EngineConfig.cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}")
         if self.num_blocks * self.block_size < self.max_model_len:

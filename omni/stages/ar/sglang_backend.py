@@ -26,6 +26,7 @@ Mapping:
   offered.
 - multimodal inputs (encoder embeddings): not mapped; a request with `inputs` is an InvalidRequest.
 - errors SGLang raises for one request end that request with an error (`StepOutput.error`).
+- `tensor_parallel_size` N > 1: SGLang's `tp_size`, its ranks on the stage's GPU and the N - 1 after it.
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ class SGLangEngine:
             args["base_gpu_id"] = int(str(config.device).split(":", 1)[1])
         if not config.enable_prefix_caching:
             args["disable_radix_cache"] = True  # SGLang's own prefix cache (its radix tree)
+        args.update(vendor.parallel_server_args(config.tensor_parallel_size))
         if self.tap_layers:
             args.update(vendor.taps_server_args(self.tap_layers, taps_model))
         args.update(server_args or {})

@@ -184,9 +184,11 @@ class ARStage(Stage):
         return list(dict.fromkeys([(), taps]))
 
     def teardown(self) -> None:
-        shutdown = getattr(self.engine, "shutdown", None)  # the SGLang engine owns processes
-        if shutdown is not None:
-            shutdown()
+        # the SGLang engine, and a tensor-parallel model, own processes
+        for owner in (self.engine, getattr(self.engine, "model", None)):
+            shutdown = getattr(owner, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
 
     # ---- requests -------------------------------------------------------------------
     def open(self, rid: str, params: dict[str, Any]) -> None:

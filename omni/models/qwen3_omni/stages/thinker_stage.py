@@ -24,6 +24,7 @@ import dataclasses
 from functools import partial
 from typing import Any
 
+from omni.kernel.errors import GraphError
 from omni.kernel.stage import Emit, StageContext
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.request import wants_audio
@@ -71,12 +72,29 @@ class ThinkerStage(ARStage):
 
     def build_model(self) -> Qwen3OmniThinker:
         args = self.ctx.args
+        if args.tensor_parallel_size > 1:
+            return self._tensor_parallel_model()
         if args.model is not None:
             return args.model
         if not args.model_dir:
             return super().build_model()
         return load_part(Qwen3OmniThinker, vars(args), self.ctx.device, random=partial(random_part, "thinker"),
                          default_dtype="float32")
+
+    def _tensor_parallel_model(self):
+        """Rank 0 of `tensor_parallel_size` ranks on consecutive devices, each loading its slices."""
+        from omni.placement import rank_devices
+        from omni.stages.ar.tensor_parallel import CacheRecipe, ShardRecipe, TensorParallelModel
+
+        args, config = self.ctx.args, self.engine_config()
+        if not args.model_dir:
+            raise GraphError(f"stage {self.ctx.name!r}: tensor_parallel_size > 1 needs args.model_dir (each rank loads it)")
+        size = config.tensor_parallel_size
+        recipe = ShardRecipe("omni.models.qwen3_omni.modules.thinker_tp:build_shard", {
+            "model_dir": str(args.model_dir), "dtype": args.dtype,
+            "load_format": load_format(vars(args)), "seed": args.seed})
+        cache = CacheRecipe(config.num_blocks, config.block_size, config.dtype, config.attention_backend)
+        return TensorParallelModel.launch(recipe, size, rank_devices(self.ctx.device, size), cache)
 
     def engine_config(self) -> EngineConfig:
         """The args' engine settings; EOS and taps the args leave empty come from the checkpoint."""
