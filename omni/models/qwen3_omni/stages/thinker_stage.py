@@ -30,7 +30,7 @@ from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.request import wants_audio
 from omni.layers.fused_ops import use_fused_ops
 from omni.layers.moe_routed import use_moe_backend
-from omni.models.loading import load_part
+from omni.models.loading import load_format, load_part
 from omni.models.qwen3_omni.checkpoint.random_load import random_part
 from omni.models.qwen3_omni.stages.args import ThinkerArgs
 from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
