@@ -94,8 +94,8 @@ def test_devices_are_one_per_replica():
     apply_overrides(graph, {"talker": {"devices": ["cuda:1", "cuda:2"]}})
     assert graph.stage("talker").all_devices() == ["cuda:1", "cuda:2"]
     assert Graph.from_dict(graph.to_dict()).stage("talker").device_of(1) == "cuda:2"  # survives the trip to a process
-    for bad in (["cuda:1"], [1, 2]):
-        with pytest.raises(GraphError, match="one device per replica"):
+    for bad, why in ((["cuda:1"], "one device per replica"), ([1, 2], "talker.devices: Expected `str`, got `int`")):
+        with pytest.raises(GraphError, match=why):
             apply_overrides(graph, {"talker": {"devices": bad}})
 
 
