@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import torch
@@ -121,7 +120,7 @@ def _eager_us(fn, iters: int) -> float:
 
 def main() -> None:
     a = _args()
-    os.environ.pop("OMNI_FUSED_OPS", None)
+    fused_ops.use_fused_ops(True)
     rows = []
     for tokens in (int(t) for t in a.tokens.split(",")):
         total = {"unfused": [0, 0.0, 0.0], "fused": [0, 0.0, 0.0]}

@@ -9,7 +9,7 @@ bytes per token (`thinker_active_bytes`: 6.08 GB) over the HBM bandwidth (`--hbm
 for an H200).
 
 Run:  python bench/gpu_decode.py [--batch 1,16] [--tokens 64] [--modes eager,graphs,graphs+triton]
-          [--scaled] [--out bench/results/gpu_decode.json] [--md bench/gpu_decode.md]
+          [--scaled] [--no-fused-ops] [--out bench/results/gpu_decode.json] [--md bench/gpu_decode.md]
 """
 
 from __future__ import annotations
@@ -97,7 +97,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--hbm-tbps", type=float, default=4.8)
     ap.add_argument("--out", default=None)
     ap.add_argument("--md", default=None)
+    ap.add_argument("--no-fused-ops", action="store_true", help="plain torch norms / rope / router (a stage's fused_ops=false)")
     args = ap.parse_args(argv)
+    if args.no_fused_ops:
+        from omni.layers.fused_ops import use_fused_ops
+
+        use_fused_ops(False)
     cfg = thinker_config(args.scaled, Path("/tmp/omni-gpu-decode"))
     t0 = time.perf_counter()
     model = random_thinker(cfg, args.device, torch.bfloat16, seed=0)

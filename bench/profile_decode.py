@@ -9,8 +9,8 @@ category, and the bytes an ideal step reads against the HBM roofline. Categories
 second, eager run whose modules are wrapped in record_function scopes (profile_trace.py).
 Writes `profile.json`, `profile.md` and a small gzip chrome trace of two steps per batch.
 
-Each MoE backend runs in a child process with `OMNI_MOE_BACKEND=<name>` when this checkout's
-moe_routed.py reads that variable; otherwise only the default backend runs.
+Each MoE backend runs in a child process that forces it (`moe_routed.use_moe_backend`, what a
+stage's `moe_backend` arg does).
 
 Run:  python bench/profile_decode.py --out-dir OUT [--batch 1,16] [--steps 10] [--backends grouped,triton]
           [--mode graphs|graphs+triton] [--scaled --device cpu]   (a CPU dry run)
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -34,13 +33,7 @@ import profile_trace  # noqa: E402
 from profile_roofline import roofline, markdown  # noqa: E402
 from serve_report import machine, now_iso, say  # noqa: E402
 
-BACKEND_ENV = "OMNI_MOE_BACKEND"
 STEP = "decode_step"
-
-
-def backend_env_supported() -> bool:
-    src = ROOT / "omni" / "models" / "qwen3_omni" / "moe_routed.py"
-    return src.is_file() and BACKEND_ENV in src.read_text()
 
 
 def make_engine(model, batch: int, prompt_len: int, steps: int, engine_args: dict, device: str):
@@ -188,7 +181,10 @@ def run_one(args) -> dict:
     import torch
 
     from gpu_decode import sync, thinker_config
+    from omni.layers.moe_routed import use_moe_backend
     from omni.models.qwen3_omni.checkpoint.random_load import random_thinker
+
+    use_moe_backend(None if args.backend == "default" else args.backend)
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -210,7 +206,7 @@ def run_one(args) -> dict:
             say(f"[{args.backend}] batch {b}: " + json.dumps({k: row.get(k) for k in (
                 "tpot_ms", "wall_us_per_step", "device_busy_us_per_step", "kernels_per_step", "error", "seconds")}))
             rows.append(row)
-    return {"backend": args.backend, "env": os.environ.get(BACKEND_ENV), "machine": machine(),
+    return {"backend": args.backend, "machine": machine(),
             "load_s": round(load_s, 2), "rows": rows}
 
 
@@ -231,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--mode", default="graphs", choices=("eager", "graphs", "graphs+triton"))
-    ap.add_argument("--backends", default="grouped,triton", help=f"values of {BACKEND_ENV} (if supported)")
+    ap.add_argument("--backends", default="grouped,triton", help="MoE backends, one child process each")
     ap.add_argument("--backend", default="default", help=argparse.SUPPRESS)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--scaled", action="store_true", help="test sizes (a dry run)")
@@ -247,19 +243,17 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    supported = backend_env_supported()
-    backends = [b for b in args.backends.split(",") if b] if supported else ["default"]
+    backends = [b for b in args.backends.split(",") if b] or ["default"]
     results = []
     for backend in backends:
         left = args.deadline_s - (time.perf_counter() - t0)
         if left < 20:
             results.append({"backend": backend, "skipped": f"deadline: {left:.0f}s left"})
             continue
-        env = {**os.environ, **({BACKEND_ENV: backend} if backend != "default" else {})}
         cmd = child_command(args, backend, out / backend)
         say(f"profile_decode: backend {backend} ({left:.0f}s left)")
         try:
-            proc = subprocess.run(cmd, env=env, timeout=left, check=False)
+            proc = subprocess.run(cmd, timeout=left, check=False)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
@@ -267,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
         result = json.loads(path.read_text()) if path.is_file() else {"backend": backend}
         results.append({**result, "returncode": rc})
     report = {"command": " ".join(["python", "bench/profile_decode.py", *(argv if argv is not None else sys.argv[1:])]),
-              "date": now_iso(), "machine": machine(), "backend_env_supported": supported,
+              "date": now_iso(), "machine": machine(), "backend_env_supported": True,
               "seconds": round(time.perf_counter() - t0, 1), "backends": results}
     (out / "profile.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "profile.md").write_text(markdown(report))

@@ -60,6 +60,22 @@ def test_device_and_dtype_reach_every_gpu_capable_stage(tmp_path):
     assert {(s.device, s.args["dtype"]) for s in graph.stages} == {("cpu", "float32")}  # the family's defaults
 
 
+def test_gpus_places_the_stages_and_set_still_pins_one(tmp_path):
+    from omni.api.cli import CliError
+    from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+
+    tiny = make_tiny(tmp_path / "tiny", seed=0, preset="tiny-a")
+    args = build_parser().parse_args(["serve", "--model", str(tiny), "--gpus", "0,1,2", "--set", "talker.replicas=2",
+                                      "--set", "code2wav.device=cuda:5", "--set", "thinker.device=cuda"])
+    graph, _ = load_model(args)
+    devices = {s.name: s.all_devices() for s in graph.stages}
+    assert devices["preprocess"] == ["cpu"] and devices["thinker"] == ["cuda:0"]
+    assert sorted(devices["talker"]) == ["cuda:1", "cuda:2"] and devices["code2wav"] == ["cuda:5"]
+    assert {devices["audio_encoder"][0], devices["vision_encoder"][0]} <= {"cuda:1", "cuda:2"}
+    with pytest.raises(CliError, match="--gpus"):
+        load_model(build_parser().parse_args(["serve", "--model", str(tiny), "--gpus", "0,0"]))
+
+
 def test_served_model_name_replaces_the_name_and_cors_is_on():
     proc = omnid("serve", "--model", "demo", "--port", "0", "--mode", "inline", "--served-model-name", "mine",
                  "also-mine", "--allowed-origins", '["*"]')

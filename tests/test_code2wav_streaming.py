@@ -166,7 +166,7 @@ def test_vocoder_stage_abort_and_errors(pair):
 
 def test_code2wav_stage_loads_from_checkpoint(tmp_path):
     path = make_tiny(tmp_path / "ckpt", preset="tiny-a")
-    stage = Code2WavStage(StageContext(name="code2wav", args={"model": str(path), "first_chunk_frames": 1}))
+    stage = Code2WavStage(StageContext(name="code2wav", args={"model_dir": str(path), "first_chunk_frames": 1}))
     stage.setup()
     stage.open("r", {})
     stage.feed("r", "codes", {"codes": np.ones((1, stage.codec.num_groups), dtype=np.int64)})

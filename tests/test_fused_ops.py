@@ -66,12 +66,12 @@ def _route_matches(got_w, got_ids, ref_w, ref_ids, probs, tol):
 
 # ---- CPU ----------------------------------------------------------------------------------
 
-def test_off_on_cpu_and_by_env(monkeypatch):
-    monkeypatch.delenv("OMNI_FUSED_OPS", raising=False)
+def test_off_on_cpu_and_by_the_switch(monkeypatch):
+    monkeypatch.setattr(fused_ops, "_ON", True)
     assert not fused_ops.enabled(torch.zeros(2))
     if torch.cuda.is_available() and fused_ops.triton is not None:
         assert fused_ops.enabled(torch.zeros(2, device="cuda"))
-        monkeypatch.setenv("OMNI_FUSED_OPS", "0")
+        fused_ops.use_fused_ops(False)  # a stage's fused_ops=False arg
         assert not fused_ops.enabled(torch.zeros(2, device="cuda"))
 
 
@@ -208,18 +208,18 @@ def _err(a, ref):
 
 
 def _eager(monkeypatch, fn):
-    """`fn()` on the plain torch path (OMNI_FUSED_OPS=0), then back on the fused one."""
-    monkeypatch.setenv("OMNI_FUSED_OPS", "0")
+    """`fn()` on the plain torch path (`use_fused_ops(False)`), then back on the fused one."""
+    fused_ops.use_fused_ops(False)
     try:
         return fn()
     finally:
-        monkeypatch.delenv("OMNI_FUSED_OPS")
+        fused_ops.use_fused_ops(True)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 16, 200])
 def test_norms_match_the_eager_path_in_bf16(tokens, monkeypatch):
-    monkeypatch.delenv("OMNI_FUSED_OPS", raising=False)
+    monkeypatch.setattr(fused_ops, "_ON", True)
     norm = _norm(HIDDEN, torch.bfloat16, "cuda")
     x, res = (_rand(tokens, HIDDEN, dtype=torch.bfloat16, device="cuda", seed=s) for s in (1, 2))
     got, (got_h, got_sum) = norm(x), norm.add_forward(x, res)
@@ -262,7 +262,7 @@ def test_qk_norm_rope_matches_the_eager_path_in_bf16(tokens, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 16, 200])
 def test_router_matches_the_eager_path_in_bf16(tokens, monkeypatch):
-    monkeypatch.delenv("OMNI_FUSED_OPS", raising=False)
+    monkeypatch.setattr(fused_ops, "_ON", True)
     moe = _router(EXPERTS, TOP_K, HIDDEN, torch.bfloat16, "cuda")
     x = _rand(tokens, HIDDEN, dtype=torch.bfloat16, device="cuda", seed=5)
     got_w, got_ids = moe.route(x)
@@ -274,7 +274,7 @@ def test_router_matches_the_eager_path_in_bf16(tokens, monkeypatch):
 
 @pytest.mark.gpu
 def test_fused_ops_inside_a_cuda_graph(monkeypatch):
-    monkeypatch.delenv("OMNI_FUSED_OPS", raising=False)
+    monkeypatch.setattr(fused_ops, "_ON", True)
     tokens = 16
     norm, qn, kn = (_norm(d, torch.bfloat16, "cuda", seed=s) for d, s in ((HIDDEN, 0), (HEAD_DIM, 1), (HEAD_DIM, 2)))
     moe = _router(EXPERTS, TOP_K, HIDDEN, torch.bfloat16, "cuda")
@@ -319,7 +319,7 @@ def test_tiny_thinker_greedy_tokens_with_and_without_fused_ops(dtype, monkeypatc
     from omni.stages.ar.engine import AREngine
     from omni.stages.ar.sequence import SamplingParams
 
-    monkeypatch.delenv("OMNI_FUSED_OPS", raising=False)
+    monkeypatch.setattr(fused_ops, "_ON", True)
     ckpt = make_tiny(tmp_path, seed=3, preset="tiny-a")
     prompts = [[5, 9, 30, 41, 7, 12, 60, 2], [57, 3, 18], [11, 12, 13, 14, 15]]
     calls = []

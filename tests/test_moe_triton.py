@@ -18,7 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omni.layers.moe_routed import MoeBackendError, choose_backend, routed_experts
+from omni.layers import moe_routed
+from omni.layers.moe_routed import MoeBackendError, choose_backend, routed_experts, use_moe_backend
 from omni.layers.moe_triton import MoeInputError, align_pairs, fused_routed_experts, max_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,13 +73,15 @@ def test_worst_case_routing_fits_the_static_block_count():
 
 def test_backend_choice_and_typed_errors(monkeypatch):
     x = torch.zeros(2, 4)
-    monkeypatch.delenv("OMNI_MOE_BACKEND", raising=False)
+    monkeypatch.setattr(moe_routed, "_FORCED", None)
     assert choose_backend(x, F.silu) == "bmm"  # CPU: neither triton nor grouped_mm
     with pytest.raises(MoeBackendError):
         choose_backend(x, F.silu, "cutlass")
     with pytest.raises(MoeBackendError):
         choose_backend(x, F.silu, "grouped")
-    monkeypatch.setenv("OMNI_MOE_BACKEND", "nope")
+    with pytest.raises(MoeBackendError):
+        use_moe_backend("nope")  # a stage's moe_backend arg
+    use_moe_backend("grouped")  # forced for the process: refused where it cannot run
     with pytest.raises(MoeBackendError):
         routed_experts(*_case(2, 4, 2, 8, 4, torch.float32), act=F.silu)
     x, w, c, gu, d = _case(2, 4, 2, 8, 4, torch.float32)

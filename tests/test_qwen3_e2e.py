@@ -234,9 +234,9 @@ def test_stage_processes_share_the_cores(tmp_path):
     assert {s.args["threads"] for s in graph.stages if s.name != "thinker"} == {3}
     before = torch.get_num_threads()
     try:
-        pin_torch_threads({"threads": 2})
+        pin_torch_threads(2)
         assert torch.get_num_threads() == 2
-        pin_torch_threads({})  # no setting: left alone
+        pin_torch_threads(0)  # no setting: left alone
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

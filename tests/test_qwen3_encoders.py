@@ -210,7 +210,7 @@ def test_encoder_stages_batch_cache_and_match(ckpt):
     path, _, pre = ckpt
     audios, images = _media(4)
     feats = pre.audio_features([audios[0]]) + pre.audio_features([audios[1]])
-    audio_stage = AudioEncoderStage(StageContext(name="audio", args={"model": str(path), "cache_size": 8}))
+    audio_stage = AudioEncoderStage(StageContext(name="audio", args={"model_dir": str(path), "cache_size": 8}))
     audio_stage.setup()
     got = _drive(audio_stage, {"r1": [{"features": feats[0]}], "r2": [{"features": feats[1]}, {"features": feats[0]}]})
     enc = audio_stage.encoder.model
@@ -224,7 +224,7 @@ def test_encoder_stages_batch_cache_and_match(ckpt):
 
     patches = [image_to_patches(im, pre.image_cfg) for im in images]
     items = [{"pixels": p.pixels, "grid_thw": np.array(p.grid_thw)} for p in patches]
-    vision_stage = VisionEncoderStage(StageContext(name="vision", args={"model": str(path), "max_batch": 8}))
+    vision_stage = VisionEncoderStage(StageContext(name="vision", args={"model_dir": str(path), "max_batch": 8}))
     vision_stage.setup()
     got = _drive(vision_stage, {"a": [items[0]], "b": [items[1], items[0]]})
     assert vision_stage.forwards == 1  # three images of two requests in one forward

@@ -211,3 +211,17 @@ def test_missing_prompt_rows_fail_the_request(fake_sglang):
         assert eng._sgl.tokenizer_manager.aborted == ["hit"]
     finally:
         eng.shutdown()
+
+
+def test_tensor_parallel_size_becomes_tp_size(fake_sglang):
+    one = sglang_backend.SGLangEngine("/model", EngineConfig(max_num_seqs=4, max_model_len=16))
+    two = sglang_backend.SGLangEngine("/model", EngineConfig(max_num_seqs=4, max_model_len=16, device="cuda:2",
+                                                             tensor_parallel_size=2))
+    try:
+        assert "tp_size" not in one._sgl.kwargs  # as before: SGLang's default of 1
+        assert two._sgl.kwargs["tp_size"] == 2 and two._sgl.kwargs["base_gpu_id"] == 2
+    finally:
+        one.shutdown()
+        two.shutdown()
+    with pytest.raises(ValueError, match=">= 1"):
+        vendor.parallel_server_args(0)

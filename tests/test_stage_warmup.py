@@ -41,7 +41,7 @@ def test_warm_requests_run_to_the_end_and_leave_nothing(ckpt, kind):
 def test_code2wav_warm_up_decodes_first_and_steady_chunks(ckpt):
     from omni.models.qwen3_omni.stages.code2wav_stage import Code2WavStage
 
-    stage = Code2WavStage(StageContext("code2wav", args={"model": ckpt}))
+    stage = Code2WavStage(StageContext("code2wav", args={"model_dir": ckpt}))
     stage.setup()  # on CPU: no warm-up here
     assert stage.codec is not None
     stage.warm_up((1, 2))  # what a GPU stage runs before it is ready

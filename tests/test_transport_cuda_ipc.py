@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import uuid
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -286,3 +287,104 @@ def test_a_killed_producer_leaves_nothing_after_cleanup(owner):
     unlink_process_leftovers(pid)
     names = os.listdir(SHM_DIR)
     assert not [n for n in names if n.startswith(owner) or n.startswith(f"torch_{pid}_") or f".{pid:x}." in n]
+
+
+# ---- a consumer on another GPU ----------------------------------------------------------------
+
+class _FakePool:
+    """An opened pool as the reader sees it, on "cuda:0", its bytes in host memory (CPU tests)."""
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.device = torch.device("cuda", 0)
+        self.tensor = data.reshape(-1).view(torch.uint8)
+        self.capacity = self.tensor.numel()
+        self.events = mock.MagicMock()
+        self.events.query.return_value = False  # the producer's copy is still queued
+
+    def event(self, index: int):
+        return self.events
+
+
+def _fake_read(device, data: torch.Tensor):
+    """`reader.read` of all of `data` from a fake pool on cuda:0, the CUDA calls mocked; returns
+    (result, reader, the mocked torch.cuda, the calls of the copy onto the consumer's GPU)."""
+    from omni.kernel.messages import PayloadDesc
+    from omni.transport import cuda_ipc
+
+    reader = CudaIpcChannel.reader(device)
+    reader._pools["omni-test-seg"] = _FakePool(data)
+    desc = PayloadDesc(name="x", channel="cuda_ipc", dtype=str(data.dtype).removeprefix("torch."),
+                       shape=list(data.shape), segment="omni-test-seg", nbytes=data.numel() * data.element_size(),
+                       offset=0, extra=cuda_ipc._EXTRA.pack(5, 3))
+    copies = []
+
+    def copy(view, target):
+        copies.append((target, fake_cuda.current_stream.call_count))
+        return view.clone()
+
+    with mock.patch.object(torch, "cuda") as fake_cuda, mock.patch.object(cuda_ipc, "copy_to_device", copy):
+        fake_cuda.can_device_access_peer.return_value = False
+        out = reader.read(desc, [])
+    return out, reader, fake_cuda, copies
+
+
+def test_a_consumer_on_another_gpu_gets_a_device_to_device_copy():
+    data = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    out, reader, fake_cuda, copies = _fake_read("cuda:1", data)
+    assert torch.equal(out, data) and out.data_ptr() != reader._pools["omni-test-seg"].tensor.data_ptr()
+    # the copy comes after the wait on the producer's event, on the pool GPU's stream
+    fake_cuda.current_stream.assert_called_with(torch.device("cuda", 0))
+    fake_cuda.current_stream.return_value.wait_event.assert_called_once()
+    assert copies == [(torch.device("cuda", 1), 1)]
+    fake_cuda.device.assert_called_with(torch.device("cuda", 0))
+    assert reader.copies == 1 and reader.peer == {(0, 1): False}
+
+
+@pytest.mark.parametrize("device", [None, "cuda:0", "cpu"])
+def test_a_consumer_on_the_pools_gpu_gets_the_view_itself(device):
+    data = torch.arange(6, dtype=torch.int64)
+    out, reader, _, copies = _fake_read(device, data)
+    assert copies == [] and reader.copies == 0
+    assert out.data_ptr() == reader._pools["omni-test-seg"].tensor.data_ptr()  # zero copies
+    assert torch.equal(out, data)
+
+
+def _child_on(conn, device: str) -> None:
+    """Reads one descriptor as a consumer placed on `device`; answers what it got."""
+    import torch
+
+    from omni.kernel.messages import decode
+    from omni.transport.cuda_ipc import CudaIpcChannel
+
+    reader = CudaIpcChannel.reader(device)
+    _, raw = conn.recv()
+    t = reader.read(decode(raw).payloads[0], [])
+    torch.cuda.synchronize(t.device)
+    reader.fence()
+    conn.send((str(t.device), _digest(t), reader.copies, reader.peer))
+    reader.close()
+
+
+@gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_a_consumer_on_the_second_gpu_reads_the_first_gpus_pool(owner):
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_child_on, args=(child, "cuda:1"), daemon=True)
+    proc.start()
+    writer = CudaIpcChannel.writer(owner, 1 << 20)
+    try:
+        value = torch.randn(64, 33, device="cuda:0")
+        desc = writer.write("x", value)[0]
+        device, digest, copies, peer = _ask(parent, "read", encode(RequestChunk(rid="r", edge="e", payloads=[desc])))
+        assert device == "cuda:1" and digest == _digest(value) and copies == 1
+        assert list(peer) == [(0, 1)]
+        print("peer access cuda:1 -> cuda:0:", peer[(0, 1)])
+        proc.join(60)
+        assert proc.exitcode == 0
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+        writer.close()
+        unlink_process_leftovers(proc.pid)

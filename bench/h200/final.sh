@@ -13,7 +13,7 @@ timeout 120 python3 -m pytest -q -o addopts="" -m gpu -p no:cacheprovider -rA te
   > $R/gpu_tests.log 2>&1; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" $R/gpu_tests.log | tail -30
 timeout 50 python3 bench/gpu_decode.py --batch 1,16 --tokens 32 --modes graphs+triton --out $R/decode_fused.json \
   > $R/decode_fused.log 2>&1; tail -4 $R/decode_fused.log
-OMNI_FUSED_OPS=0 timeout 50 python3 bench/gpu_decode.py --batch 1,16 --tokens 32 --modes graphs+triton \
+timeout 50 python3 bench/gpu_decode.py --no-fused-ops --batch 1,16 --tokens 32 --modes graphs+triton \
   --out $R/decode_unfused.json > $R/decode_unfused.log 2>&1; tail -4 $R/decode_unfused.log
 timeout 150 python3 bench/gpu_suite.py --out-dir $R/suite --concurrency 1,16 --hf-requests 1 --budget-s 145 \
   --hf-reserve-s 40 --hf-limit-s 45 > $R/suite.log 2>&1; tail -22 $R/suite.log

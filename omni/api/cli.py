@@ -1,7 +1,7 @@
 """`omnid`: serve a model over the OpenAI-compatible API, make a tiny test model, list plugins.
 
     omnid serve [--model DIR|FAMILY] [--host 127.0.0.1] [--port 8000] [--config FILE] [--set k=v ...]
-                [--device cuda] [--dtype bfloat16] [--served-model-name NAME [ALIAS ...]]
+                [--device cuda | --gpus 0,1,2] [--dtype bfloat16] [--served-model-name NAME [ALIAS ...]]
                 [--allowed-origins '["*"]'] [--api-key KEY] [--max-concurrent N]    (omnid serve --help: all)
     omnid make-tiny [FAMILY] DIR [the family's flags]    (omnid make-tiny --help lists the families)
     omnid plugins
@@ -19,19 +19,17 @@ import asyncio
 import dataclasses
 import json
 import logging
-import os
 import sys
 from pathlib import Path
+
+from omni import env
 
 log = logging.getLogger("omnid")
 
 
-
 def cache_dir() -> Path:
-    """Where omnid keeps what it makes: $OMNI_CACHE_DIR, else $XDG_CACHE_HOME/omni, else ~/.cache/omni."""
-    if os.environ.get("OMNI_CACHE_DIR"):
-        return Path(os.environ["OMNI_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "omni"
+    """Where omnid keeps what it makes (`omni.env.cache_dir`)."""
+    return env.cache_dir()
 
 
 def embedded_default_model() -> tuple[str | None, str | None]:
@@ -83,13 +81,16 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None,
                         help="device of every GPU-capable stage, e.g. cuda or cuda:1 (per stage: --set NAME.device=...); "
                              "default: the family's (cpu)")
+    parser.add_argument("--gpus", default=None, metavar="0,1,2",
+                        help="place the GPU stages on these GPUs by memory and load (the heaviest stage alone on "
+                             "the first when there are two or more; placement.py); --set NAME.device=cuda:N or NAME.devices=[...] still pins a stage")
     parser.add_argument("--dtype", default=None,
                         help="weights dtype of every GPU-capable stage, e.g. bfloat16 (per stage: --set "
                              "NAME.args.dtype=...); default: the family's")
     parser.add_argument("--config", default=None, help="TOML/YAML file of [stages.<name>] overrides")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="STAGE.FIELD=VALUE",
                         help="override one stage field; repeatable")
-    parser.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"),
+    parser.add_argument("--api-key", default=env.api_key(),
                         help="require this bearer key (default $OMNI_API_KEY; prefer it or --api-key-file: "
                              "a flag shows in the process list)")
     parser.add_argument("--api-key-file", default=None, help="read the bearer key from this file")
@@ -129,16 +130,9 @@ def config_model_table(path: str | None) -> dict:
     """The `[model]` table of the --config file: family, path, variant (flags win over it)."""
     if not path:
         return {}
-    text = Path(path).read_text()
-    if Path(path).suffix in (".yaml", ".yml"):
-        import yaml
+    from omni.kernel.graph import read_config_file
 
-        data = yaml.safe_load(text) or {}
-    else:
-        import tomllib
-
-        data = tomllib.loads(text)
-    table = data.get("model", {})
+    table = read_config_file(path).get("model", {})
     if not isinstance(table, dict) or set(table) - {"family", "path", "variant"}:
         raise CliError(f"{path}: [model] takes only family, path and variant, got {table!r}")
     return table
@@ -183,6 +177,13 @@ def load_model(args: argparse.Namespace):
             overrides.setdefault(stage, {}).update(fields)
         if overrides:
             apply_overrides(graph, overrides)
+        if args.gpus:
+            from omni.placement import parse_gpus, place
+
+            # "device=cuda" only says "a GPU" (the plan picks which); "cuda:N", "cpu" or `devices` pin the stage
+            pinned = {name for name, fields in overrides.items()
+                      if "devices" in fields or fields.get("device", "cuda") != "cuda"}
+            place(graph, parse_gpus(args.gpus), keep=pinned)
     except CliError:
         raise
     except (ValueError, OSError, KeyError, ImportError) as exc:  # GraphError is a ValueError
@@ -193,7 +194,8 @@ def load_model(args: argparse.Namespace):
 def family_options(args: argparse.Namespace) -> dict:
     """--device / --dtype as the family builder's options: each family knows which of its stages
     run on a GPU (a preprocess stage stays on the CPU)."""
-    return {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
+    device = args.device or ("cuda" if getattr(args, "gpus", None) else None)  # --gpus: the GPU stages, placed later
+    return {k: v for k, v in (("device", device), ("dtype", args.dtype)) if v}
 
 
 def allowed_origins(text: str | None) -> list[str]:
@@ -264,6 +266,9 @@ def _say(text: str) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    from omni.gpu_env import keep_multicast_off
+
+    keep_multicast_off()  # every process the server starts inherits it
     check_port_free(args.host, args.port)
     config = server_config(args)  # first: a bad key file fails before any stage starts
     _say("omnid: loading model " + (args.model or "(embedded default)"))
@@ -277,7 +282,9 @@ async def serve(args: argparse.Namespace) -> None:
                     info.id)
     from omni.api.mps import MPSError, start_mps
 
-    devices = [s.device for s in graph.stages for _ in range(max(1, s.replicas))]
+    from omni.placement import process_devices
+
+    devices = process_devices(graph)
     try:  # before any stage process starts: they inherit its pipe directory
         mps = start_mps(getattr(args, "mps", "off") if args.mode == "process" else "off", devices)
     except MPSError as exc:

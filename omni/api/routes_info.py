@@ -7,6 +7,7 @@ import logging
 import msgspec
 from aiohttp import web
 
+from omni.api.aliases import chats
 from omni.api.errors import ApiError
 from omni.api.metrics import CONTENT_TYPE
 from omni.api.state import STATE
@@ -24,7 +25,7 @@ def _model_card(state, name: str) -> dict:
     info = state.model_info(name) or state.info
     doer = state.transcriber(name)
     return {"id": name, "object": "model", "created": state.started_at, "owned_by": "omni", "root": info.id,
-            "family": info.family, "speaks": info.speaks,
+            "family": info.family, "speaks": info.speaks, "chats": chats(info),
             "transcribes": bool(info.transcribes and doer is not None and doer.info is info),
             "voices": list(info.voices), "random_weights": info.random_weights}
 

@@ -22,8 +22,9 @@ def _families_architectures() -> set[str]:
 
 def detect(request):
     """MATCH for a checkpoint whose config.json names an architecture an omni family serves."""
-    from sglang.cli.serve_backends import ServeBackendDetection
+    from omni.vendor.sglang import serve_backends
 
+    ServeBackendDetection = serve_backends().ServeBackendDetection
     if request.model_path is None:
         return ServeBackendDetection.UNKNOWN
     try:
@@ -51,6 +52,6 @@ def run(request) -> None:
 
 def backend():
     """The zero-argument factory SGLang's registry calls."""
-    from sglang.cli.serve_backends import ServeBackend
+    from omni.vendor.sglang import serve_backends
 
-    return ServeBackend(api_version=API_VERSION, run=run, detect=detect, requires_model_path=False)
+    return serve_backends().ServeBackend(api_version=API_VERSION, run=run, detect=detect, requires_model_path=False)

@@ -51,7 +51,7 @@ class Actor:
         self.outbox = Outbox(lambda peer: endpoint(run_dir, peer), self.name)
         self.driver = StageDriver(graph, stage, replica)
         self.out_edges = graph.outgoing(stage)
-        self.readers = Readers()
+        self.readers = Readers(graph.stage(stage).device_of(replica))
         self._writers: dict[str, Any] = {}
         self._owner = shm_owner(instance, stage, replica)
         self._links: dict[tuple[int, str], _Link] = {}

@@ -53,7 +53,7 @@ def channel_of(graph: Graph, edge: EdgeSpec) -> str:
         return edge.channel
     if edge.dst == OUT:
         return "inline"
-    if graph.stage(edge.src).device.startswith("cuda") and graph.stage(edge.dst).device.startswith("cuda"):
+    if all(d.startswith("cuda") for d in graph.stage(edge.src).all_devices() + graph.stage(edge.dst).all_devices()):
         return "cuda_ipc"
     return "shm"
 
@@ -82,13 +82,16 @@ def is_array(value: Any) -> bool:
 class Readers:
     """The consumer side of every channel one process reads from, each opened on first use."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str | None = None) -> None:
         self._open: dict[str, Any] = {}
         self.fence: Any = None  # the fence of a reader that has one (cuda_ipc)
+        self.device = device  # this replica's device: cuda_ipc copies tensors of another GPU's pool there
 
     def get(self, channel: str) -> Any:
         if channel not in self._open:
             reader = self._open[channel] = load_channel(channel).reader()
+            if hasattr(reader, "device"):
+                reader.device = self.device
             self.fence = getattr(reader, "fence", self.fence)
         return self._open[channel]
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni.kernel.graph import Graph
+from omni.kernel.graph import Graph, stage_args
 from omni.kernel.registry import REGISTRY
 from omni.kernel.stage import Emit, StageContext
 
@@ -51,7 +51,7 @@ class End:
 class StageDriver:
     def __init__(self, graph: Graph, stage: str, replica: int) -> None:
         self.spec = spec = graph.stage(stage)
-        self.ctx = StageContext(spec.name, replica, {**spec.args, "max_batch": spec.max_batch}, spec.device,
+        self.ctx = StageContext(spec.name, replica, stage_args(spec, replica), spec.device_of(replica),
                                 in_ports=[e.dst_port for e in graph.incoming(stage).values()],
                                 out_ports=sorted({e.port for e in graph.outgoing(stage).values()}))
         self.stage: Any = None

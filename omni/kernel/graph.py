@@ -3,15 +3,20 @@
 A graph is built in Python by a model family; any stage field can then be overridden from a
 TOML / YAML file (`[stages.<name>] field = value`) or from `--set stage.field=value` flags,
 with typed values (numbers stay numbers) and a clear error naming an unknown stage or field.
+A stage kind that declares an args class (`register_stage(..., args=)`) has its args checked
+whenever the graph is validated: an unknown field or a mistyped value is an error then.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from omni.kernel.errors import GraphError
 
@@ -27,7 +32,9 @@ class StageSpec:
     args: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"
     replicas: int = 1
-    max_batch: int = 32  # the stage's own batching bound, passed in its context args
+    devices: list[str] = field(default_factory=list)  # one per replica ("cuda:1", "cuda:2"); [] = all on `device`
+    load: float = 1.0  # one replica's memory and compute, relative to the graph's other stages (--gpus)
+    max_batch: int | None = None  # the stage's batching bound; None = its kind's default (see stage_args)
     max_queue: int = 256  # inputs the actor hands the stage before it stops feeding it
     credits: int = 64  # chunks in flight on each inbound edge
     arena_bytes: int = 64 << 20  # shm arena for this stage's outgoing payloads
@@ -36,6 +43,13 @@ class StageSpec:
     capability: str = ""  # what the stage serves alone (e.g. "image_input"); "" = core, every request needs it
     restart_window_s: float = 60.0
     restart_cooldown_s: float = 30.0
+
+    def device_of(self, replica: int) -> str:
+        """Where replica `replica` runs: its entry of `devices`, else `device`."""
+        return self.devices[replica] if self.devices else self.device
+
+    def all_devices(self) -> list[str]:
+        return [self.device_of(r) for r in range(self.replicas)]
 
 
 @dataclass
@@ -102,8 +116,13 @@ class Graph:
         for spec in self.stages:
             if spec.replicas < 1:
                 raise GraphError(f"stage {spec.name!r}: replicas must be >= 1")
+            one_each = len(spec.devices) == spec.replicas and all(isinstance(d, str) for d in spec.devices)
+            if spec.devices and not one_each:
+                raise GraphError(f"stage {spec.name!r}: devices must name one device per replica ({spec.replicas}), "
+                                 f"such as \"cuda:1\", got {spec.devices!r}")
             if spec.name != self.entry and not self.incoming(spec.name):
                 raise GraphError(f"stage {spec.name!r} has no inbound edge and is not the entry")
+            stage_args(spec)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -119,9 +138,19 @@ class Graph:
         )
 
 
+def stage_args(spec: StageSpec, replica: int = 0) -> Any:
+    """What replica `replica` of a stage of `spec` gets as `ctx.args`: its kind's typed args, checked
+    (omni/stages/args.py), or the free-form dict of a kind that declares none."""
+    from omni.kernel.registry import REGISTRY
+    from omni.stages.args import resolve_args
+
+    return resolve_args(spec, REGISTRY.stage_args_class(spec.kind), replica)
+
+
 # ---- overrides -------------------------------------------------------------------------
 
 _STAGE_FIELDS = {f.name: f for f in dataclasses.fields(StageSpec)}
+_FIELD_TYPES = typing.get_type_hints(StageSpec)
 
 
 def parse_value(text: str) -> Any:
@@ -152,12 +181,10 @@ def _set_field(graph: Graph, stage_name: str, path: list[str], value: Any) -> No
     if head not in _STAGE_FIELDS or head == "name" or len(path) != 1:
         known = sorted(set(_STAGE_FIELDS) - {"name"})
         raise GraphError(f"unknown field {'.'.join(path)!r} of stage {stage_name!r}; fields: {known} or args.<key>")
-    expected = type(getattr(spec, head))
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        raise GraphError(f"{stage_name}.{head} must be {expected.__name__}, got {value!r}")
-    setattr(spec, head, value)
+    try:
+        setattr(spec, head, msgspec.convert(value, _FIELD_TYPES[head]))
+    except msgspec.ValidationError as exc:
+        raise GraphError(f"{stage_name}.{head}: {exc}, got {value!r}") from None
 
 
 def apply_overrides(graph: Graph, overrides: dict[str, dict[str, Any]]) -> Graph:
@@ -183,8 +210,8 @@ def parse_set_flags(flags: list[str]) -> dict[str, dict[str, Any]]:
     return table
 
 
-def load_override_file(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Read `[stages.<name>]` tables from a TOML or YAML file."""
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A TOML or YAML config file (by suffix) as a table: omnid's one reader of them."""
     path = Path(path)
     text = path.read_text()
     if path.suffix in (".yaml", ".yml"):
@@ -195,7 +222,15 @@ def load_override_file(path: str | Path) -> dict[str, dict[str, Any]]:
         import tomllib
 
         data = tomllib.loads(text)
-    stages = data.get("stages", {})
+    if not isinstance(data, dict) or set(data) - {"model", "stages"}:
+        raise GraphError(f"{path}: a config file has only a [model] table and [stages.<name>] tables, "
+                         f"got {sorted(data) if isinstance(data, dict) else type(data).__name__}")
+    return data
+
+
+def load_override_file(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read `[stages.<name>]` tables from a TOML or YAML file."""
+    stages = read_config_file(path).get("stages", {})
     if not isinstance(stages, dict):
         raise GraphError(f"{path}: 'stages' must be a table of stage tables")
     return stages

@@ -64,6 +64,9 @@ def main(config: dict[str, Any]) -> None:
     logging.basicConfig(level=config.get("log_level", "WARNING"), stream=sys.stderr,
                         format=f"%(asctime)s {config['stage']}.{config['replica']} %(levelname)s %(name)s: %(message)s")
     os.environ.update(config.get("env", {}))
+    from omni.gpu_env import keep_multicast_off
+
+    keep_multicast_off()  # also under an `env` of its own: NCCL, torch and NVSHMEM here and in its children
     try:
         from uvloop import run
     except ImportError:

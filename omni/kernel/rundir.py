@@ -7,10 +7,10 @@ prefix match, and two kernels on one host never collide.
 
 from __future__ import annotations
 
-import os
 import secrets
-import tempfile
 from pathlib import Path
+
+from omni import env
 
 KERNEL = "kernel"  # the kernel's mailbox, among the actors' (`<stage>.<replica>`)
 
@@ -21,7 +21,7 @@ def new_instance_id() -> str:
 
 def make_run_dir(instance: str) -> Path:
     # ipc:// paths are limited to ~107 bytes: keep the directory short, under /tmp.
-    path = Path(os.environ.get("OMNI_RUN_ROOT", tempfile.gettempdir())) / f"omni-{instance}"
+    path = env.run_root() / f"omni-{instance}"
     path.mkdir(mode=0o700, parents=True, exist_ok=False)
     return path
 

@@ -27,6 +27,7 @@ from omni.kernel import messages as m
 from omni.kernel.bus import Outbox
 from omni.kernel.channels import release_leftovers
 from omni.kernel.errors import StageStartError
+from omni.gpu_env import keep_multicast_off
 from omni.kernel.graph import Graph
 from omni.kernel.rundir import actor_name, remove_socket, shm_owner
 
@@ -156,13 +157,15 @@ class Supervisor:
                       "log_level": self.log_level, "env": self.env}
             # A fresh interpreter (spawn semantics, never fork): CUDA-safe, and the caller's
             # __main__ is never re-imported, so scripts and notebooks need no main guard.
-            proc = subprocess.Popen([sys.executable, "-m", "omni.kernel.proc"], stdin=subprocess.PIPE, close_fds=True)
+            proc = subprocess.Popen([sys.executable, "-m", "omni.kernel.proc"], stdin=subprocess.PIPE, close_fds=True,
+                                    env=keep_multicast_off(dict(os.environ)))
             proc.stdin.write(json.dumps(config).encode())
             proc.stdin.close()
             handle.process, handle.pid = proc, proc.pid
         else:
             from omni.kernel.actor import Actor
 
+            keep_multicast_off()  # the stage runs in this process
             handle.actor = Actor(self.graph, handle.stage, handle.replica, self.run_dir, self.instance)
             handle.task = asyncio.create_task(handle.actor.run(), name=f"omni-{handle.name}")
             handle.pid = os.getpid()

@@ -9,12 +9,11 @@ The maths is transformers' order of operations, each elementwise result rounded 
 dtype where torch's eager code rounds it (so bf16 results match the eager path up to the
 float32 reduction order). Top-k picks the lowest expert id among exactly equal probabilities;
 torch.topk's tie order is unspecified, so ids may differ from it on exact ties only.
-No host syncs (safe inside CUDA graphs). `OMNI_FUSED_OPS=0` turns them off (`enabled`).
+No host syncs (safe inside CUDA graphs). A stage's `fused_ops=False` arg turns them off for its
+process (`use_fused_ops`, called once at set-up; `enabled` reads only that).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -31,9 +30,18 @@ class FusedOpsInputError(ValueError):
     """Shapes, dtypes or layouts the fused kernels do not take."""
 
 
+_ON = True  # this process's switch: set once by the stage (`use_fused_ops`), read on every forward
+
+
+def use_fused_ops(on: bool) -> None:
+    """Turn the fused kernels on or off for this process (a stage's `fused_ops` arg, at set-up)."""
+    global _ON
+    _ON = bool(on)
+
+
 def enabled(x: torch.Tensor) -> bool:
-    """Use the fused kernels for `x`: on CUDA, with triton, unless OMNI_FUSED_OPS=0."""
-    return x.is_cuda and triton is not None and os.environ.get("OMNI_FUSED_OPS", "1") != "0"
+    """Use the fused kernels for `x`: on CUDA, with triton, unless turned off (`use_fused_ops`)."""
+    return _ON and x.is_cuda and triton is not None
 
 
 def _check(ok: bool, msg: str) -> None:

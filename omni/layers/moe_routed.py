@@ -9,17 +9,18 @@ a host sync per layer) or size their groups with `bincount` (a sync on CUDA). He
 - "bmm" (anything else; meant for small models): each token-expert pair gathers its expert's
   matrices and runs one batched matmul.
 All return sum_k weight_k * expert_k(x) per token, like the loops they replace.
-`OMNI_MOE_BACKEND=triton|grouped|bmm` (or the `backend` argument) forces one, for A/B runs.
+A stage's `moe_backend` arg (`use_moe_backend`, once at set-up; or the `backend` argument) forces
+one, for A/B runs.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from omni import env
 from omni.layers import moe_triton
 
 _GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
@@ -28,6 +29,18 @@ BACKENDS = ("triton", "grouped", "bmm")
 
 class MoeBackendError(ValueError):
     """An unknown backend name, or one that cannot run these tensors."""
+
+
+_FORCED: str | None = None  # this process's backend: set once by the stage (`use_moe_backend`)
+
+
+def use_moe_backend(name: str | None) -> None:
+    """Force `name` for this process ("" or None: chosen by dtype and device); a stage's
+    `moe_backend` arg, applied at set-up."""
+    global _FORCED
+    if name and name not in BACKENDS:
+        raise MoeBackendError(f"unknown MoE backend {name!r}; expected one of {BACKENDS}")
+    _FORCED = name or None
 
 
 def grouped_ok(x: torch.Tensor) -> bool:
@@ -45,12 +58,12 @@ def triton_ok(x: torch.Tensor, act: Callable, forced: bool = False) -> bool:
     if moe_triton.triton is None or act is not F.silu:
         return False
     if forced:
-        return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+        return x.is_cuda or env.triton_interpret()
     return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
 
 
 def choose_backend(x: torch.Tensor, act: Callable, backend: str | None = None) -> str:
-    wanted = backend or os.environ.get("OMNI_MOE_BACKEND") or None
+    wanted = backend or _FORCED
     if wanted is None:
         return "triton" if triton_ok(x, act) else "grouped" if grouped_ok(x) else "bmm"
     if wanted not in BACKENDS:

@@ -15,9 +15,10 @@ and the torch path runs (TRITON_INTERPRET=1 runs the kernel on CPU, for tests).
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
+
+from omni import env
 
 log = logging.getLogger("omni.ar.triton")
 
@@ -110,7 +111,7 @@ def paged_decode_attention(kv_cache: torch.Tensor, layer: int, q: torch.Tensor, 
 
 def triton_decode_kernel(kv_cache: torch.Tensor):
     """`paged_decode_attention` when it can run on this cache, else None (with a warning)."""
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    interpret = env.triton_interpret()
     why = None
     if triton is None:
         why = "triton is not installed"

@@ -3,7 +3,9 @@
 It is the kernel's own test bed (and `omnid serve`'s default until a real model is given):
 small stages with the compute shapes of an omni model, no weights. The generator works in
 integer arithmetic so a batched step gives bit-identical results to an unbatched one, in
-any process. Its "speech" is tones, its "text" letters: noise, and it says so.
+any process. Its "speech" is tones, its "text" letters: noise, and it says so. Its kinds declare
+no args class: they take free-form dict args (as a plugin kind registered without `args=` does),
+which the kernel's tests set freely.
 """
 
 from __future__ import annotations

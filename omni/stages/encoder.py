@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from omni.kernel.stage import Emit, Stage, StageContext
+from omni.stages.args import EncoderArgs, coerce_args
 from omni.stages.threads import pin_torch_threads
 
 
@@ -57,15 +58,18 @@ class EncoderRequest:
 
 
 class EncoderStage(Stage):
-    """args: max_batch (default 16), cache_size (entries, default 0 = off), out_port (default
-    the first outgoing port, or "out"). Subclasses provide the model in `build_encoder`."""
+    """args: `EncoderArgs` (omni/stages/args.py; a subclass names its own class in `Args`).
+    Subclasses provide the model in `build_encoder`."""
+
+    Args: type[EncoderArgs] = EncoderArgs
 
     def __init__(self, ctx: StageContext, encoder: BatchEncoder | None = None) -> None:
+        ctx.args = coerce_args(self.Args, ctx.args, ctx.name)
         super().__init__(ctx)
         self.encoder = encoder
-        self.max_batch = max(1, int(ctx.args.get("max_batch", 16)))
-        self.cache_size = max(0, int(ctx.args.get("cache_size", 0)))
-        self.out_port = ctx.args.get("out_port") or (ctx.out_ports[0] if ctx.out_ports else "out")
+        self.max_batch = ctx.args.max_batch
+        self.cache_size = ctx.args.cache_size
+        self.out_port = ctx.args.out_port or (ctx.out_ports[0] if ctx.out_ports else "out")
         self.cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.requests: dict[str, EncoderRequest] = {}
         self.forwards = 0
@@ -76,7 +80,7 @@ class EncoderStage(Stage):
         raise NotImplementedError("pass an encoder or override build_encoder")
 
     def setup(self) -> None:
-        pin_torch_threads(self.ctx.args)
+        pin_torch_threads(self.ctx.args.threads)
         if self.encoder is None:
             self.encoder = self.build_encoder()
 

@@ -2,17 +2,15 @@
 
 Every stage is its own process; left alone, torch gives each one a thread per core, so a graph of
 six stages on a small machine runs six times as many spinning OpenMP threads as cores (measured on
-2 cores: ~20x slower). A graph sets `args["threads"]` per stage and the stage applies it at set-up.
+2 cores: ~20x slower). A graph sets `args.threads` per stage (`StageArgs.threads`) and the stage
+applies it at set-up.
 """
 
 from __future__ import annotations
 
-from typing import Any
 
-
-def pin_torch_threads(args: dict[str, Any]) -> None:
-    """Apply `args["threads"]` (if set) to torch's intra-op pool of this process."""
-    threads = args.get("threads")
+def pin_torch_threads(threads: int) -> None:
+    """Apply `threads` (if not 0) to torch's intra-op pool of this process."""
     if not threads:
         return
     import torch

@@ -22,6 +22,7 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
+from omni.stages.args import VocoderArgs, coerce_args
 from omni.stages.threads import pin_torch_threads
 
 GPU_MAX_BATCH, CPU_MAX_BATCH = 32, 8
@@ -111,23 +112,23 @@ class VocoderRequest:
 
 
 class VocoderStage(Stage):
-    """args: first_chunk_frames (default 4), chunk_frames (default 12), grow_chunks (default
-    False: see `chunk_after`), max_batch (requests per forward; default 32 with the codec on a
-    GPU, else 8). A request may override the chunk sizes with params `vocoder_first_chunk_frames`
-    / `vocoder_chunk_frames`. Subclasses provide the model in `build_codec`."""
+    """args: `VocoderArgs` (omni/stages/args.py; a subclass names its own class in `Args`). A
+    request may override the chunk sizes with params `vocoder_first_chunk_frames` /
+    `vocoder_chunk_frames`. Subclasses provide the model in `build_codec`."""
 
     in_port = "codes"
     out_port = "audio"
+    Args: type[VocoderArgs] = VocoderArgs
 
     def __init__(self, ctx: StageContext, codec: StreamingCodec | None = None) -> None:
+        ctx.args = coerce_args(self.Args, ctx.args, ctx.name)
         super().__init__(ctx)
         self.codec = codec
         self.requests: dict[str, VocoderRequest] = {}
-        self.first_chunk = _positive(ctx.args.get("first_chunk_frames", 4), "first_chunk_frames")
-        self.chunk = _positive(ctx.args.get("chunk_frames", 12), "chunk_frames")
-        self.grow = bool(ctx.args.get("grow_chunks", False))
-        batch = ctx.args.get("max_batch")
-        self._max_batch = None if batch is None else _positive(batch, "max_batch")
+        self.first_chunk = ctx.args.first_chunk_frames
+        self.chunk = ctx.args.chunk_frames
+        self.grow = ctx.args.grow_chunks
+        self._max_batch = ctx.args.max_batch or None
         self.decoded_frames = 0
         self.forwards = 0
 
@@ -135,7 +136,7 @@ class VocoderStage(Stage):
         raise NotImplementedError("pass a codec or override build_codec")
 
     def setup(self) -> None:
-        pin_torch_threads(self.ctx.args)
+        pin_torch_threads(self.ctx.args.threads)
         if self.codec is None:
             self.codec = self.build_codec()
 

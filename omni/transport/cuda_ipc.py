@@ -8,6 +8,11 @@ view of the opened pool: zero copies (when the event has already completed, whic
 tells in ~1 us, the stream does not wait at all). Waiting on an event that a later write has re-recorded is
 still correct: that record completes after the one we wanted, on the same stream.
 
+A consumer on another GPU of the host (`reader.device`, set from its replica's placement) gets the
+view copied device to device onto its own GPU, on the pool GPU's stream after the event (torch
+enables peer access for the copy where the GPUs allow it; otherwise the driver's device-to-device
+copy); the host never touches the data. The slot is free again once that copy has run (`fence`).
+
 The pool's IPC handles are published once, in a small JSON sidecar file /dev/shm/<segment>, so
 each descriptor stays small and `shm.unlink_prefix(owner)` removes the sidecar of a dead
 producer like any segment. The consumer opens the pool on the GPU with the same UUID, so
@@ -232,11 +237,38 @@ class _OpenedPool:
         return event
 
 
-class CudaIpcReader:
-    """Consumer side: opens each producer's pool once and hands out views into it."""
+def copy_to_device(view: Any, device: Any) -> Any:
+    """`view` (on the pool's GPU) copied onto `device`, queued on the pool GPU's current stream."""
+    torch = _torch()
+    out = torch.empty(view.shape, dtype=view.dtype, device=device)
+    out.copy_(view, non_blocking=True)
+    return out
 
-    def __init__(self) -> None:
+
+class CudaIpcReader:
+    """Consumer side: opens each producer's pool once and hands out views into it (or, when the
+    consumer's `device` is another GPU, copies onto that GPU)."""
+
+    def __init__(self, device: Any = None) -> None:
         self._pools: dict[str, _OpenedPool] = {}
+        self.device = device  # the consumer's device; None or a non-cuda one: views as they are
+        self.copies = 0  # reads copied from another GPU's pool
+        self.peer: dict[tuple[int, int], bool] = {}  # (pool GPU, consumer GPU) -> peer access possible
+
+    def _target(self, pool: _OpenedPool) -> Any:
+        """The consumer's GPU when it is not the pool's, else None (the view is handed out)."""
+        if self.device is None or not str(self.device).startswith("cuda"):
+            return None
+        torch = _torch()
+        target = torch.device(self.device)
+        if target.index is None:
+            target = torch.device("cuda", torch.cuda.current_device())
+        if target == pool.device:
+            return None
+        key = (pool.device.index, target.index)
+        if key not in self.peer:
+            self.peer[key] = bool(torch.cuda.can_device_access_peer(target.index, pool.device.index))
+        return target
 
     def _open(self, segment: str) -> _OpenedPool:
         check_name(segment)
@@ -250,14 +282,20 @@ class CudaIpcReader:
         pool = self._pools.get(desc.segment) or self._open(desc.segment)
         dtype = torch_dtype(desc.dtype)
         if desc.nbytes == 0:
-            return torch.empty(desc.shape, dtype=dtype, device=pool.device)
+            return torch.empty(desc.shape, dtype=dtype, device=self._target(pool) or pool.device)
         if desc.offset < 0 or desc.offset + desc.nbytes > pool.capacity or len(desc.extra) != _EXTRA.size:
             raise ValueError(f"bad cuda_ipc descriptor for {desc.name!r} in pool {desc.segment} ({pool.capacity} bytes)")
         _, event_index = _EXTRA.unpack(desc.extra)
         event = pool.event(event_index)
         if not event.query():  # a stream waiting on an IPC event costs ~160 us even when it is done
             torch.cuda.current_stream(pool.device).wait_event(event)
-        return pool.tensor[desc.offset : desc.offset + desc.nbytes].view(dtype).view(desc.shape)
+        view = pool.tensor[desc.offset : desc.offset + desc.nbytes].view(dtype).view(desc.shape)
+        target = self._target(pool)
+        if target is None:
+            return view
+        self.copies += 1
+        with torch.cuda.device(pool.device):  # torch queues a cross-GPU copy on the source's stream
+            return copy_to_device(view, target)
 
     def token(self, desc: PayloadDesc) -> int | None:
         return _EXTRA.unpack(desc.extra)[0] if len(desc.extra) == _EXTRA.size else None
@@ -295,5 +333,5 @@ class CudaIpcChannel:
         return CudaIpcWriter(owner, capacity_bytes or DEFAULT_CAPACITY, device)
 
     @staticmethod
-    def reader() -> CudaIpcReader:
-        return CudaIpcReader()
+    def reader(device: Any = None) -> CudaIpcReader:
+        return CudaIpcReader(device)

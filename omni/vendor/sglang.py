@@ -2,8 +2,9 @@
 
 Everything else in omni reaches SGLang through `require(feature)`, which returns the `sglang`
 module or raises `BackendUnavailable` saying what is missing, which version was found and how to
-install the tested one. (The sole exception is `omni.api.sglang_backend`, the entry point that
-*SGLang* imports to run omni as a serve backend: it only runs inside an SGLang that imported.)
+install the tested one, and through the helpers below. (`serve_backends()` is imported as is:
+`omni.api.sglang_backend`, the entry point that *SGLang* imports to run omni as a serve backend,
+only runs inside an SGLang that imported.)
 
 Version: omni is tested with sglang `TESTED_VERSION` (0.5.17, the release that pins the H200
 image's torch 2.11; the `sglang` extra in pyproject.toml pins it). Another version imports with a
@@ -154,6 +155,16 @@ def taps_server_args(tap_layers, model: str) -> dict[str, Any]:
             "enable_return_hidden_states": True, "disable_radix_cache": True, "disable_prefill_cuda_graph": True}
 
 
+def parallel_server_args(tensor_parallel_size: int) -> dict[str, Any]:
+    """`sglang.Engine` arguments for a model split over `tensor_parallel_size` GPUs: SGLang's `tp_size`
+    (its ranks on base_gpu_id, base_gpu_id + 1, ..., as omni's built-in engine places them). NVLink
+    multicast stays off: SGLang leaves NCCL_NVLS_ENABLE to the environment unless `enable_nccl_nvls`
+    is asked for, and omni's processes keep it at 0 (omni/gpu_env.py)."""
+    if int(tensor_parallel_size) < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
+    return {"tp_size": int(tensor_parallel_size)} if tensor_parallel_size > 1 else {}
+
+
 async def pool_usage(engine) -> dict[str, int]:
     """Requests and KV tokens in use in an `sglang.Engine`'s scheduler (its load snapshot)."""
     loads = await engine.tokenizer_manager.get_loads()
@@ -166,3 +177,9 @@ def abort_request(engine, rid: str) -> None:
     """Stop request `rid` of an `sglang.Engine` (its scheduler frees the KV when the abort reaches
     it); called on the engine's event loop."""
     engine.tokenizer_manager.abort_request(rid)
+
+
+def serve_backends() -> ModuleType:
+    """`sglang.cli.serve_backends`, SGLang's serve-backend plugin API (`ServeBackend`,
+    `ServeBackendDetection`), for omni's backend that SGLang itself calls."""
+    return importlib.import_module("sglang.cli.serve_backends")

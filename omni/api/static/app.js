@@ -32,7 +32,7 @@ async function loadModels() {
     const res = await fetch("/v1/models", { headers: headers() });
     if (!res.ok) throw new Error("HTTP " + res.status);
     const cards = (await res.json()).data;
-    ui.models = cards.filter((m) => m.id === m.root && m.family !== "whisper");
+    ui.models = cards.filter((m) => m.id === m.root && m.chats);
     const select = $("model");
     select.innerHTML = "";
     for (const m of ui.models) select.add(new Option(m.id + (m.random_weights ? " (random weights)" : ""), m.id));

@@ -6,6 +6,9 @@ loaders, export), graph.build (checkpoint dir -> Graph + ModelInfo), request (wh
 
 
 def register(registry) -> None:
+    from omni.models.qwen3_omni.stages import register_stages
+
+    register_stages(registry)  # the stage kinds, each with its typed args
     registry.register_family("qwen3-omni", "omni.models.qwen3_omni.graph:build",
                              ["Qwen3OmniMoeForConditionalGeneration"])
     registry.register_tiny("qwen3-omni", "omni.models.qwen3_omni.checkpoint.make_tiny:main")

@@ -40,14 +40,12 @@ DEFAULT_VOICE = "ethan"  # transformers' default speaker
 DEFAULT_MAX_TOKENS = {"thinker": 1024, "talker": 4096}
 TINY_MAX_TOKENS = {"thinker": 64, "talker": 256}
 
-_KINDS = {
-    "preprocess": "omni.models.qwen3_omni.stages.preprocess_stage:PreprocessStage",
-    "audio_encoder": "omni.models.qwen3_omni.stages.encoders:AudioEncoderStage",
-    "vision_encoder": "omni.models.qwen3_omni.stages.encoders:VisionEncoderStage",
-    "thinker": "omni.models.qwen3_omni.stages.thinker_stage:ThinkerStage",
-    "talker": "omni.models.qwen3_omni.stages.talker_stage:TalkerStage",
-    "code2wav": "omni.models.qwen3_omni.stages.code2wav_stage:Code2WavStage",
-}
+# one replica's memory and compute relative to the others, for `omnid serve --gpus` (placement.py):
+# the 30B-A3B thinker dwarfs the 3B talker, which outweighs code2wav; the encoders are small
+_LOADS = {"thinker": 8.0, "talker": 3.0, "code2wav": 2.0, "audio_encoder": 0.5, "vision_encoder": 0.5}
+
+_KINDS = {name: f"{FAMILY}.{name}" for name in  # registered by stages/__init__.py, with their args
+          ("preprocess", "audio_encoder", "vision_encoder", "thinker", "talker", "code2wav")}
 
 
 def voices_of(cfg: Qwen3OmniConfig) -> list[str]:
@@ -83,17 +81,18 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     threads = int(options.get("threads") or max(1, (os.cpu_count() or 1) // n_stages))
 
     def stage(name: str, args: dict[str, Any], **spec: Any) -> StageSpec:
-        args = {**args, "threads": threads, **({"dtype": dtype} if dtype else {}),
+        args = {**args, "threads": threads, **({"dtype": dtype} if dtype and name != "preprocess" else {}),
                 **({"load_format": "random", "seed": randomized.get("seed", 0)} if randomized and name != "preprocess"
                    else {}),
                 **options.get("stage_args", {}).get(name, {})}
-        return StageSpec(name, _KINDS[name], args=args, device="cpu" if name == "preprocess" else device, **spec)
+        return StageSpec(name, _KINDS[name], args=args, device="cpu" if name == "preprocess" else device,
+                         load=_LOADS.get(name, 1.0), **spec)
 
     max_context = int(options.get("stage_args", {}).get("thinker", {}).get("max_model_len", EngineConfig.max_model_len))
     stages = [
         stage("preprocess", {"model_dir": model_dir, "voices": voices, "max_prompt_tokens": max_context}),
-        stage("audio_encoder", {"model": model_dir, "out_port": "embeds"}, capability="audio_input"),
-        stage("vision_encoder", {"model": model_dir, "out_port": "embeds"}, capability="image_input"),
+        stage("audio_encoder", {"model_dir": model_dir, "out_port": "embeds"}, capability="audio_input"),
+        stage("vision_encoder", {"model_dir": model_dir, "out_port": "embeds"}, capability="image_input"),
         stage("thinker", {"model_dir": model_dir, "default_sampling": {"max_tokens": lengths["thinker"]}}),
     ]
     edges = [
@@ -108,7 +107,7 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         stages += [
             stage("talker", {"model_dir": model_dir, "speaker": voices[0] if voices else DEFAULT_VOICE,
                              "default_sampling": {"max_tokens": lengths["talker"]}}, capability="audio_output"),
-            stage("code2wav", {"model": model_dir, "first_chunk_frames": options.get("first_chunk_frames", 4),
+            stage("code2wav", {"model_dir": model_dir, "first_chunk_frames": options.get("first_chunk_frames", 4),
                                "chunk_frames": options.get("chunk_frames", 12)}, capability="audio_output"),
         ]
         edges += [

@@ -14,18 +14,19 @@ How it compares with the reference: greedy codes are the same for every kind and
 
 from __future__ import annotations
 
-STAGES = {
-    "qwen3_tts_preprocess": "omni.models.qwen3_tts.stages.preprocess_stage:PreprocessStage",
-    "qwen3_tts_talker": "omni.models.qwen3_tts.stages.talker_stage:TTSTalkerStage",
-    "qwen3_tts_voice": "omni.models.qwen3_tts.stages.voice_stage:VoiceStage",
-    "qwen3_tts_codec": "omni.models.qwen3_tts.stages.codec_stage:CodecStage",
+_STAGES = "omni.models.qwen3_tts.stages"
+STAGES = {  # kind -> (stage class, its typed args: stages/args.py)
+    "qwen3_tts_preprocess": (f"{_STAGES}.preprocess_stage:PreprocessStage", f"{_STAGES}.args:TTSPreprocessArgs"),
+    "qwen3_tts_talker": (f"{_STAGES}.talker_stage:TTSTalkerStage", f"{_STAGES}.args:TTSTalkerArgs"),
+    "qwen3_tts_voice": (f"{_STAGES}.voice_stage:VoiceStage", f"{_STAGES}.args:TTSVoiceArgs"),
+    "qwen3_tts_codec": (f"{_STAGES}.codec_stage:CodecStage", f"{_STAGES}.args:TTSCodecArgs"),
 }
 
 
 def register(registry) -> None:
     """omni's family registration (the same call plugins make)."""
-    for kind, target in STAGES.items():
-        registry.register_stage(kind, target)
+    for kind, (target, args) in STAGES.items():
+        registry.register_stage(kind, target, args=args)
     registry.register_family("qwen3-tts", "omni.models.qwen3_tts.graph:build", ["Qwen3TTSForConditionalGeneration"],
                              tasks=["speech"])
     registry.register_tiny("qwen3-tts", "omni.models.qwen3_tts.checkpoint.make_tiny:main")

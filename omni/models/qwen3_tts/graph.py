@@ -93,7 +93,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     sampling, predictor = talker_sampling(model_dir, tiny)
 
     def stage(name: str, args: dict[str, Any]) -> StageSpec:
-        args = {"model_dir": model_dir, **args, "threads": threads, **({"dtype": dtype} if dtype else {}),
+        args = {"model_dir": model_dir, **args, "threads": threads,
+                **({"dtype": dtype} if dtype and name != "preprocess" else {}),
                 **options.get("stage_args", {}).get(name, {})}
         return StageSpec(name, KINDS[name], args=args, device="cpu" if name == "preprocess" else device,
                          capability=CAPABILITIES.get(name, ""))

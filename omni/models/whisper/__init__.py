@@ -17,6 +17,9 @@ output can differ. No temperature fallback or compression / log-prob thresholds.
 
 
 def register(registry) -> None:
+    from omni.models.whisper.stages import register_stages
+
+    register_stages(registry)  # the stage kinds, each with its typed args
     registry.register_family("whisper", "omni.models.whisper.graph:build", ["WhisperForConditionalGeneration"],
                              tasks=["transcribe"])
     registry.register_command("convert-whisper", "omni.models.whisper.checkpoint.convert_cli:main",

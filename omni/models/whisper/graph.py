@@ -18,8 +18,7 @@ from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.kernel.registry import ModelInfo
 from omni.models.whisper.config import WhisperConfig
 
-ENCODER_KIND = "omni.models.whisper.stages.encoder_stage:WhisperEncoderStage"
-DECODER_KIND = "omni.models.whisper.stages.decoder_stage:WhisperDecoderStage"
+ENCODER_KIND, DECODER_KIND = "whisper.encoder", "whisper.decoder"  # stages/__init__.py registers them
 VARIANTS = (None, "", "transcribe")
 
 
@@ -50,7 +49,7 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
                         args={**common, "threads": enc_threads, "max_audio_s": float(options.get("max_audio_s", 600.0))},
                         arena_bytes=int(options.get("arena_bytes", 256 << 20)))
     decoder = StageSpec("decoder", DECODER_KIND, device=device, max_batch=max_seqs,
-                        args={**common, "threads": dec_threads, "max_num_seqs": max_seqs})
+                        args={**common, "threads": dec_threads})
     graph = Graph(name="whisper", stages=[encoder, decoder],
                   edges=[EdgeSpec("encoder", "windows", "decoder"), EdgeSpec("decoder", "text", OUT)])
     info = ModelInfo(id=options.get("model_id") or model_id(model_dir), family="whisper", transcribes=True,

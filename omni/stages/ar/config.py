@@ -1,9 +1,9 @@
-"""The engine's one validated config object, built at the entry and passed whole."""
+"""The engine's one validated config object, built at the entry and passed whole (a stage's
+typed args, `omni.stages.ar.args.ARArgs`, carry these fields and build it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from omni.kernel.errors import InvalidRequest
 
@@ -41,6 +41,7 @@ class EngineConfig:
     cuda_graphs: bool = False  # replay decode steps from CUDA graphs (models with supports_cuda_graphs)
     cuda_graph_max_batch: int = 0  # largest captured decode batch; 0 = max_num_seqs
     attention_backend: str = "torch"  # "triton": paged decode kernel on CUDA (prefill stays torch)
+    tensor_parallel_size: int = 1  # ranks one replica's model is split over (tensor_parallel.py; SGLang's tp_size)
 
     def __post_init__(self) -> None:
         self.tap_layers = tuple(int(x) for x in self.tap_layers)
@@ -51,6 +52,8 @@ class EngineConfig:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise EngineConfigError(f"EngineConfig.attention_backend must be one of {ATTENTION_BACKENDS}, "
                                     f"got {self.attention_backend!r}")
+        if int(self.tensor_parallel_size) < 1:
+            raise EngineConfigError(f"EngineConfig.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.cuda_graph_max_batch < 0:
             raise EngineConfigError(f"EngineConfig.cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}")
         if self.num_blocks * self.block_size < self.max_model_len:
@@ -63,9 +66,3 @@ class EngineConfig:
                 "without chunked prefill max_num_batched_tokens must be >= max_model_len "
                 f"({self.max_num_batched_tokens} < {self.max_model_len})"
             )
-
-    @classmethod
-    def from_dict(cls, args: dict[str, Any]) -> "EngineConfig":
-        """Build from a stage's args, ignoring keys that are not engine settings."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in args.items() if k in names})

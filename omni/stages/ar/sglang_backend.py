@@ -26,6 +26,7 @@ Mapping:
   offered.
 - multimodal inputs (encoder embeddings): not mapped; a request with `inputs` is an InvalidRequest.
 - errors SGLang raises for one request end that request with an error (`StepOutput.error`).
+- `tensor_parallel_size` N > 1: SGLang's `tp_size`, its ranks on the stage's GPU and the N - 1 after it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Any, Callable
 import torch
 
 from omni.kernel.errors import GraphError, InvalidRequest
+from omni.stages.ar.args import ARArgs
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.engine import StepOutput
 from omni.stages.ar.sequence import SamplingParams
@@ -138,6 +140,7 @@ class SGLangEngine:
             args["base_gpu_id"] = int(str(config.device).split(":", 1)[1])
         if not config.enable_prefix_caching:
             args["disable_radix_cache"] = True  # SGLang's own prefix cache (its radix tree)
+        args.update(vendor.parallel_server_args(config.tensor_parallel_size))
         if self.tap_layers:
             args.update(vendor.taps_server_args(self.tap_layers, taps_model))
         args.update(server_args or {})
@@ -288,15 +291,15 @@ class SGLangEngine:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def sglang_engine_for(args: dict[str, Any], config: EngineConfig, model_path: Callable[[], str],
+def sglang_engine_for(args: ARArgs, config: EngineConfig, model_path: Callable[[], str],
                       taps_model: str | None = None) -> SGLangEngine:
     """Build from a stage's args (sglang checked first, then `model_path()` asked: it may export a
     checkpoint); `taps_model` as in `SGLangEngine`. `sglang_args` go to `sglang.Engine` (e.g. {"attention_backend": "triton"});
     `load_format="random"` becomes SGLang's "dummy"; `sglang_mem_fraction` (default 0.7) leaves
     room for the other stages on the GPU."""
     vendor.require(FEATURE)
-    server_args = {"mem_fraction_static": float(args.get("sglang_mem_fraction", 0.7))}
-    if args.get("load_format") == "random":
+    server_args: dict[str, Any] = {"mem_fraction_static": args.sglang_mem_fraction}
+    if args.load_format == "random":
         server_args["load_format"] = "dummy"
-    server_args.update(args.get("sglang_args") or {})
+    server_args.update(args.sglang_args)
     return SGLangEngine(model_path(), config, server_args, taps_model=taps_model)

@@ -13,7 +13,8 @@ no inbound edge is submitted at `open`). Each `step` emits, per request:
 
 Model families subclass it and override `build_model` (and, if they need to, `submit`).
 
-Engine settings come from `ctx.args` (see `EngineConfig`); `args["backend"]` picks the engine:
+Args: `ARArgs` (omni/stages/ar/args.py: the EngineConfig fields and the stage's own; a subclass
+names its own class in `Args`); `args.backend` picks the engine:
 "builtin" (default, `AREngine`) or "sglang" (`omni.stages.ar.sglang_backend`: SGLang's engine in the
 stage process; where sglang is not importable, set-up fails with `BackendUnavailable`). Sampling from the request's
 params: `params["sampling"][sampling_key]` when the stage sets `sampling_key` (the API's
@@ -32,13 +33,14 @@ import torch
 
 from omni.kernel.errors import GraphError, InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
+from omni.stages.ar.args import BACKENDS, ARArgs
 from omni.stages.ar.config import EngineConfig
+from omni.stages.args import coerce_args
 from omni.stages.ar.engine import AREngine, StepOutput
 from omni.stages.ar.model_api import ARModel
 from omni.stages.ar.sequence import SamplingParams
 from omni.stages.threads import pin_torch_threads
 
-BACKENDS = ("builtin", "sglang")
 log = logging.getLogger("omni.ar.stage")
 
 
@@ -63,11 +65,13 @@ class ARStage(Stage):
     hidden_port = "hidden"
     param_prefix = ""
     sampling_key: str | None = None
+    Args: type[ARArgs] = ARArgs
     # The SGLang model class ("package:Class") serving this stage's checkpoint with tap layers'
     # hidden states (backend="sglang" with taps); the family names it, the backend names none.
     sglang_taps_model: str | None = None
 
     def __init__(self, ctx: StageContext) -> None:
+        ctx.args = coerce_args(self.Args, ctx.args, ctx.name)
         super().__init__(ctx)
         self.engine: AREngine | None = None
         self._pending: dict[str, _Pending] = {}
@@ -76,11 +80,11 @@ class ARStage(Stage):
 
     # ---- set-up ---------------------------------------------------------------------
     def build_model(self) -> ARModel:
-        """The model adapter. Default: `ctx.args["model_factory"]`, a callable or "module:attr"
-        called with the stage context."""
-        factory = self.ctx.args.get("model_factory")
+        """The model adapter. Default: `args.model_factory`, a callable or "module:attr" called
+        with the stage context."""
+        factory = self.ctx.args.model_factory
         if factory is None:
-            raise NotImplementedError(f"{type(self).__name__} needs build_model() or args['model_factory']")
+            raise NotImplementedError(f"{type(self).__name__} needs build_model() or args.model_factory")
         if isinstance(factory, str):
             module, _, attr = factory.partition(":")
             factory = getattr(importlib.import_module(module), attr)
@@ -88,19 +92,18 @@ class ARStage(Stage):
 
     def sglang_model_path(self) -> str:
         """The checkpoint SGLang loads (backend "sglang"): `sglang_model_path`, else `model_dir`."""
-        path = self.ctx.args.get("sglang_model_path") or self.ctx.args.get("model_dir")
+        path = self.ctx.args.sglang_model_path or self.ctx.args.model_dir
         if not path:
             raise InvalidRequest(f"stage {self.ctx.name!r}: the sglang backend needs args 'model_dir' or 'sglang_model_path'")
         return str(path)
 
     def engine_config(self) -> EngineConfig:
-        args = dict(self.ctx.args)
-        args.setdefault("device", self.ctx.device)
-        return EngineConfig.from_dict(args)
+        return self.ctx.args.engine_config(device=self.ctx.device)
 
     def setup(self) -> None:
-        pin_torch_threads(self.ctx.args)
-        backend = self.ctx.args.get("backend", "builtin")
+        args = self.ctx.args
+        pin_torch_threads(args.threads)
+        backend = args.backend
         if backend not in BACKENDS:
             raise GraphError(f"stage {self.ctx.name!r}: args.backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "sglang":
@@ -181,9 +184,11 @@ class ARStage(Stage):
         return list(dict.fromkeys([(), taps]))
 
     def teardown(self) -> None:
-        shutdown = getattr(self.engine, "shutdown", None)  # the SGLang engine owns processes
-        if shutdown is not None:
-            shutdown()
+        # the SGLang engine, and a tensor-parallel model, own processes
+        for owner in (self.engine, getattr(self.engine, "model", None)):
+            shutdown = getattr(owner, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
 
     # ---- requests -------------------------------------------------------------------
     def open(self, rid: str, params: dict[str, Any]) -> None:
@@ -230,7 +235,7 @@ class ARStage(Stage):
         )
 
     def sampling_params(self, params: dict[str, Any]) -> SamplingParams:
-        merged = dict(self.ctx.args.get("default_sampling", {}))
+        merged = dict(self.ctx.args.default_sampling)
         n = len(self.param_prefix)
         if self.sampling_key is not None:
             merged.update((params.get("sampling") or {}).get(self.sampling_key) or {})

@@ -1,20 +1,22 @@
 """A one-stage model family: the answer is the prompt reversed, streamed one word per step.
 
 It shows the whole contract of a plugin family: a `Stage` subclass (pure: told about requests,
-stepped, returns `Emit`s) and `build(model_dir, variant, **options) -> (Graph, ModelInfo)`.
+stepped, returns `Emit`s), its typed args, and `build(model_dir, variant, **options) -> (Graph, ModelInfo)`.
 """
 
 from __future__ import annotations
 
 import json
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.kernel.registry import ModelInfo
-from omni.kernel.stage import Emit, Stage
+from omni.kernel.stage import Emit, Stage, StageContext
+from omni.stages.args import StageArgs, coerce_args
 
 MODEL_ID = "omni-example-reverse"
 
@@ -33,11 +35,22 @@ def prompt_text(params: dict[str, Any]) -> str:
     return ""
 
 
+@dataclass
+class ReverseArgs(StageArgs):
+    """The stage's args (this module imports no torch: omni checks graphs against it)."""
+
+    upper: bool = False  # answer in capitals
+
+
 class ReverseStage(Stage):
     """Emits the prompt's characters in reverse order, one word (a "token") per step and request."""
 
+    def __init__(self, ctx: StageContext) -> None:
+        ctx.args = coerce_args(ReverseArgs, ctx.args, ctx.name)  # a dict given in-process, checked alike
+        super().__init__(ctx)
+
     def setup(self) -> None:
-        self.upper = bool(self.ctx.args.get("upper", False))
+        self.upper = self.ctx.args.upper
         self.words: dict[str, deque[str]] = {}
         self.counts: dict[str, tuple[int, int]] = {}
 

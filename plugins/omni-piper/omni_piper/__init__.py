@@ -1,6 +1,8 @@
 """omni-piper: Piper VITS voices (ONNX, onnxruntime) as an omni model family.
 
-omni calls `register(registry)` at startup through the `omni.plugins` entry point.
+omni calls `register(registry)` at startup through the `omni.plugins` entry point. Its stage kinds
+declare no args class (`register_stage(..., args=)`): they take free-form dict args, which omni
+passes on unchecked (`ctx.args` is the dict; see the README for the keys each stage reads).
 """
 
 from __future__ import annotations

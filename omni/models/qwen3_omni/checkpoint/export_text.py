@@ -108,11 +108,12 @@ def cached_export(model_dir: str | Path, weights: bool = True, root: str | Path 
     """`export_thinker_text` into a cache directory (default ~/.cache/omni/sglang-text), reused while
     the source checkpoint's config.json is unchanged (the export of real weights takes minutes)."""
     import hashlib
-    import os
+
+    from omni import env
 
     src = Path(model_dir).resolve()
     stamp = f"{src}|{(src / 'config.json').stat().st_mtime_ns}|weights={weights}"
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "omni" / "sglang-text"
+    base = Path(root) if root else env.cache_dir() / "sglang-text"
     out = base / hashlib.sha1(stamp.encode()).hexdigest()[:16]
     marker = out / ".omni-export"
     if marker.exists() and marker.read_text() == stamp:

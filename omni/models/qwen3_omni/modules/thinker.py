@@ -151,17 +151,28 @@ class Qwen3OmniThinker(nn.Module, ARModel):
         return self.lm_head(hidden)
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
+        return self.run_layers(self.step_inputs(batch), batch)
+
+    def step_inputs(self, batch: ForwardBatch) -> dict[str, torch.Tensor | None]:
+        """What the decoder layers take from the step's sequences: embeddings, positions and the
+        deepstack rows (tensor_parallel.py broadcasts these to the other ranks)."""
         x = batch.inputs_embeds if batch.inputs_embeds is not None else self.embed_tokens(batch.input_ids)
-        cos, sin = mrope_cos_sin(self.inv_freq, batch.positions, self.section, x.dtype)
         deepstack = self._deepstack_rows(batch)
+        rows, feats = deepstack if deepstack is not None else (None, None)
+        return {"x": x, "positions": batch.positions, "deepstack_rows": rows, "deepstack_feats": feats}
+
+    def run_layers(self, inputs: dict[str, torch.Tensor | None], batch: ForwardBatch) -> ForwardOutput:
+        """The decoder over `step_inputs`; reads only them, `batch.attend` and `batch.tap_layers`."""
+        x = inputs["x"]
+        cos, sin = mrope_cos_sin(self.inv_freq, inputs["positions"], self.section, x.dtype)
+        rows, feats = inputs.get("deepstack_rows"), inputs.get("deepstack_feats")
         taps = {0: x} if 0 in batch.tap_layers else {}
         num_layers = len(self.model.layers)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, batch)
             if i + 1 in batch.tap_layers and i + 1 < num_layers:
                 taps[i + 1] = x
-            if deepstack is not None and i < self.num_deepstack:
-                rows, feats = deepstack
+            if rows is not None and i < self.num_deepstack:
                 x = x.index_add(0, rows, feats[i].to(x.dtype))
         x = self.model.norm(x)
         if num_layers in batch.tap_layers:

@@ -5,7 +5,8 @@ Parameter names follow the checkpoint (`self_attn.q_proj`, `mlp.gate`, ...) so l
 name-for-name copy; the routed experts are kept stacked ([E, 2I, H] gate+up, [E, H, I] down).
 Maths as transformers' Qwen3-Omni thinker: RMSNorm in float32, softmax over all experts then
 top-k, renormalised when `norm_topk_prob`. The blocks are omni/layers' (norms, attention front
-end, MoE), which run fused kernels on CUDA (`fused_ops`).
+end, MoE), which run fused kernels on CUDA (`fused_ops`; a stage's fused_ops=false arg keeps the plain
+torch ops).
 """
 
 from __future__ import annotations

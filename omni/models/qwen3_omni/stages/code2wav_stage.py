@@ -11,14 +11,16 @@ import torch
 from omni.models.loading import load_part
 from omni.models.qwen3_omni.checkpoint.random_load import random_part
 from omni.models.qwen3_omni.modules.code2wav import Code2Wav
+from omni.models.qwen3_omni.stages.args import Code2WavArgs
 from omni.stages.vocoder import VocoderStage
 
 log = logging.getLogger("omni.qwen3.code2wav")
 
 
 class Code2WavStage(VocoderStage):
-    """The vocoder stage of a Qwen3-Omni graph. args: model (checkpoint dir), dtype (optional,
-    e.g. "bfloat16"), plus VocoderStage's chunking args."""
+    """The vocoder stage of a Qwen3-Omni graph. args: `Code2WavArgs` (stages/args.py)."""
+
+    Args = Code2WavArgs
 
     def setup(self) -> None:
         super().setup()
@@ -35,4 +37,4 @@ class Code2WavStage(VocoderStage):
         log.info("code2wav: warm-up chunks at batch %s in %.1f s", list(batches), time.monotonic() - t0)
 
     def build_codec(self) -> Code2Wav:
-        return load_part(Code2Wav, self.ctx.args, self.ctx.device, random=partial(random_part, "code2wav"))
+        return load_part(Code2Wav, vars(self.ctx.args), self.ctx.device, random=partial(random_part, "code2wav"))

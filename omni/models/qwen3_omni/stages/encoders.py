@@ -9,20 +9,25 @@ from omni.models.loading import load_part
 from omni.models.qwen3_omni.checkpoint.random_load import random_part
 from omni.models.qwen3_omni.modules.audio_encoder import AudioEncoder, AudioFeaturesEncoder
 from omni.models.qwen3_omni.modules.vision_encoder import ImagePatchesEncoder, VisionEncoder
+from omni.models.qwen3_omni.stages.args import EncoderPartArgs
 from omni.stages.encoder import EncoderStage
 
 
 class AudioEncoderStage(EncoderStage):
-    """args: model (checkpoint dir), dtype (optional), plus EncoderStage's args."""
+    """args: `EncoderPartArgs` (stages/args.py)."""
+
+    Args = EncoderPartArgs
 
     def build_encoder(self) -> AudioFeaturesEncoder:
-        return AudioFeaturesEncoder(load_part(AudioEncoder, self.ctx.args, self.ctx.device,
+        return AudioFeaturesEncoder(load_part(AudioEncoder, vars(self.ctx.args), self.ctx.device,
                                               random=partial(random_part, "audio_encoder")))
 
 
 class VisionEncoderStage(EncoderStage):
-    """args: model (checkpoint dir), dtype (optional), plus EncoderStage's args."""
+    """args: `EncoderPartArgs` (stages/args.py)."""
+
+    Args = EncoderPartArgs
 
     def build_encoder(self) -> ImagePatchesEncoder:
-        return ImagePatchesEncoder(load_part(VisionEncoder, self.ctx.args, self.ctx.device,
+        return ImagePatchesEncoder(load_part(VisionEncoder, vars(self.ctx.args), self.ctx.device,
                                              random=partial(random_part, "vision_encoder")))

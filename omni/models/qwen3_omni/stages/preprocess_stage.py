@@ -11,9 +11,8 @@ image patches) on the compute thread. Per request it emits, in this order:
 - port `grids`: {"image_grid_thw": [n, 3]} when the prompt has images (the talker's M-RoPE needs them);
 - port `prompt`: {"token_ids": int64 [n]} (placeholders expanded), and the request ends here.
 
-args: `model_dir`; `voices` (the talker's speakers; empty when the graph does not speak);
-`max_prompt_tokens` (the thinker's context: a longer prompt is refused by its characters at open,
-else by its token count before anything is sent on).
+args: `PreprocessArgs` (stages/args.py); a prompt longer than `max_prompt_tokens` is refused by its
+characters at open, else by its token count before anything is sent on.
 """
 
 from __future__ import annotations
@@ -27,6 +26,8 @@ from omni.kernel.errors import InvalidRequest, OmniError
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.kernel.registry import CHARS_PER_TOKEN
 from omni.models.qwen3_omni.request import chat_messages, check_voice, prompt_chars, wants_audio
+from omni.models.qwen3_omni.stages.args import PreprocessArgs
+from omni.stages.args import coerce_args
 from omni.stages.threads import pin_torch_threads
 
 
@@ -39,18 +40,19 @@ class _Request:
 
 class PreprocessStage(Stage):
     def __init__(self, ctx: StageContext) -> None:
+        ctx.args = coerce_args(PreprocessArgs, ctx.args, ctx.name)
         super().__init__(ctx)
-        self.voices = list(ctx.args.get("voices") or [])
-        self.max_batch = max(1, int(ctx.args.get("max_batch", 8)))
-        self.max_prompt_tokens = int(ctx.args.get("max_prompt_tokens") or 0)  # the thinker's context; 0 = unbounded
+        self.voices = list(ctx.args.voices)
+        self.max_batch = ctx.args.max_batch
+        self.max_prompt_tokens = ctx.args.max_prompt_tokens  # the thinker's context; 0 = unbounded
         self.requests: dict[str, _Request] = {}
         self.processed = 0
 
     def setup(self) -> None:
         from omni.models.qwen3_omni.stages.preprocess import Preprocessor
 
-        pin_torch_threads(self.ctx.args)
-        self.pre = Preprocessor(self.ctx.args["model_dir"])
+        pin_torch_threads(self.ctx.args.threads)
+        self.pre = Preprocessor(self.ctx.args.model_dir)
         self.pre([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])  # the template compiles once, here
 
     # ---- requests -------------------------------------------------------------------

@@ -30,9 +30,12 @@ from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, StageContext
 from omni.models.qwen3_omni.request import voice_of, wants_audio
 from omni.models.qwen3_omni.modules.rope import VisionGrid
+from omni.layers.fused_ops import use_fused_ops
+from omni.layers.moe_routed import use_moe_backend
 from omni.models.loading import load_part
 from omni.models.qwen3_omni.checkpoint.random_load import random_part
 from omni.models.qwen3_omni.modules.talker import TalkerModel, TalkerRequest
+from omni.models.qwen3_omni.stages.args import TalkerArgs
 from omni.stages.ar.engine import StepOutput
 from omni.stages.ar.sequence import SamplingParams
 from omni.stages.ar.stage import ARStage
@@ -73,6 +76,7 @@ def _tensor(value: Any) -> torch.Tensor:
 class TalkerStage(ARStage):
     codes_port = "codes"
     sampling_key = "talker"
+    Args = TalkerArgs
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
@@ -80,14 +84,19 @@ class TalkerStage(ARStage):
         self._streams: dict[str, _Stream] = {}
 
     # ---- set-up ---------------------------------------------------------------------
+    def setup(self) -> None:
+        use_fused_ops(self.ctx.args.fused_ops)  # once per process, before any forward
+        use_moe_backend(self.ctx.args.moe_backend)
+        super().setup()
+
     def build_model(self) -> TalkerModel:
-        """`args["model"]` (a built TalkerModel, in-process) or `args["model_dir"]`."""
+        """`args.model` (a built TalkerModel, in-process) or `args.model_dir`."""
         args = self.ctx.args
-        model = args.get("model")
+        model = args.model
         if model is None:
-            if "model_dir" not in args and "model_factory" in args:
+            if not args.model_dir and args.model_factory is not None:
                 return super().build_model()
-            model = load_part(TalkerModel, args, self.ctx.device, random=partial(random_part, "talker"),
+            model = load_part(TalkerModel, vars(args), self.ctx.device, random=partial(random_part, "talker"),
                               default_dtype="float32")
         return model
 
@@ -106,7 +115,7 @@ class TalkerStage(ARStage):
             return
         try:
             sampling = self.sampling_params(params)
-            speaker = voice_of(params) or str(self.ctx.args.get("speaker") or DEFAULT_SPEAKER)
+            speaker = voice_of(params) or self.ctx.args.speaker or DEFAULT_SPEAKER
             prompt = params.get("prompt_token_ids")
             req = self.model.new_request(speaker, sampling.greedy, sampling.seed, list(prompt) if prompt else None)
         except InvalidRequest as exc:
@@ -128,11 +137,11 @@ class TalkerStage(ARStage):
         return out
 
     def sampling_params(self, params: dict[str, Any]) -> SamplingParams:
-        """transformers' talker defaults, then `args["default_sampling"]`, then the request's
+        """transformers' talker defaults, then `args.default_sampling`, then the request's
         `params["sampling"]["talker"]`; codec EOS stops (with `ignore_eos` it is suppressed instead, so the
         talker makes exactly max_tokens frames), the codec specials are suppressed and
         the repetition penalty covers generated codes only, as in transformers."""
-        merged = {**DEFAULT_SAMPLING, **self.ctx.args.get("default_sampling", {})}
+        merged = {**DEFAULT_SAMPLING, **self.ctx.args.default_sampling}
         merged.update((params.get("sampling") or {}).get(self.sampling_key) or {})
         if merged.get("ignore_eos"):  # exactly max_tokens frames: codec EOS is never sampled
             merged["stop_token_ids"] = ()

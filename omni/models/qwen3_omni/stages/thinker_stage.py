@@ -2,8 +2,8 @@
 `backend="sglang"` on SGLang's (text prompts: the thinker's text model is exported once as a
 Qwen3-MoE checkpoint, see export_text.py).
 
-args: `model_dir` (a Qwen3-Omni checkpoint) or, in-process, `model` (a built
-`Qwen3OmniThinker`); `dtype` ("float32", "bfloat16", ...); any `EngineConfig` field.
+args: `ThinkerArgs` (stages/args.py): `model_dir` (a Qwen3-Omni checkpoint) or, in-process, `model`
+(a built `Qwen3OmniThinker`); `dtype` ("float32", "bfloat16", ...); every `EngineConfig` field.
 Defaults: EOS = `<|im_end|>`; hidden-state taps 0 and the talker's `accept_hidden_layer`
 when the checkpoint has a talker and the stage has a `hidden` output port.
 
@@ -20,14 +20,19 @@ that want audio (`request.wants_audio`); the request's End carries {"finish_reas
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Any
 
+from omni.kernel.errors import GraphError
 from omni.kernel.stage import Emit, StageContext
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.request import wants_audio
+from omni.layers.fused_ops import use_fused_ops
+from omni.layers.moe_routed import use_moe_backend
 from omni.models.loading import load_format, load_part
 from omni.models.qwen3_omni.checkpoint.random_load import random_part
+from omni.models.qwen3_omni.stages.args import ThinkerArgs
 from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.detokenizer import TextStream, load_tokenizer
@@ -38,45 +43,67 @@ from omni.stages.ar.stage import ARStage, copy_input
 
 class ThinkerStage(ARStage):
     sampling_key = "thinker"
+    Args = ThinkerArgs
     sglang_taps_model = "omni.vendor.sglang_models:OmniQwen3MoeTaps"  # SGLang's Qwen3-MoE + the talker's taps
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
-        self.full_config = load_config(ctx.args["model_dir"]) if ctx.args.get("model_dir") else None
+        self.full_config = load_config(ctx.args.model_dir) if ctx.args.model_dir else None
         self.tokenizer = None
         self._texts: dict[str, TextStream] = {}
 
+    def setup(self) -> None:
+        use_fused_ops(self.ctx.args.fused_ops)  # once per process, before any forward
+        use_moe_backend(self.ctx.args.moe_backend)
+        super().setup()
+
     def engine_ready(self) -> None:
-        if self.ctx.args.get("model_dir"):
-            self.tokenizer = load_tokenizer(self.ctx.args["model_dir"])
+        if self.ctx.args.model_dir:
+            self.tokenizer = load_tokenizer(self.ctx.args.model_dir)
 
     def sglang_model_path(self) -> str:
         """SGLang serves the thinker's text model, exported once as a Qwen3-MoE checkpoint."""
         args = self.ctx.args
-        if args.get("sglang_model_path") or not args.get("model_dir"):
+        if args.sglang_model_path or not args.model_dir:
             return super().sglang_model_path()
         from omni.models.qwen3_omni.checkpoint.export_text import cached_export
-        return str(cached_export(args["model_dir"], weights=load_format(args) != "random",
-                                 root=args.get("sglang_export_dir")))
+
+        return str(cached_export(args.model_dir, weights=args.load_format != "random", root=args.sglang_export_dir or None))
 
     def build_model(self) -> Qwen3OmniThinker:
         args = self.ctx.args
-        if args.get("model") is not None:
-            return args["model"]
-        if not args.get("model_dir"):
+        if args.tensor_parallel_size > 1:
+            return self._tensor_parallel_model()
+        if args.model is not None:
+            return args.model
+        if not args.model_dir:
             return super().build_model()
-        return load_part(Qwen3OmniThinker, args, self.ctx.device, random=partial(random_part, "thinker"),
+        return load_part(Qwen3OmniThinker, vars(args), self.ctx.device, random=partial(random_part, "thinker"),
                          default_dtype="float32")
 
+    def _tensor_parallel_model(self):
+        """Rank 0 of `tensor_parallel_size` ranks on consecutive devices, each loading its slices."""
+        from omni.placement import rank_devices
+        from omni.stages.ar.tensor_parallel import CacheRecipe, ShardRecipe, TensorParallelModel
+
+        args, config = self.ctx.args, self.engine_config()
+        if not args.model_dir:
+            raise GraphError(f"stage {self.ctx.name!r}: tensor_parallel_size > 1 needs args.model_dir (each rank loads it)")
+        size = config.tensor_parallel_size
+        recipe = ShardRecipe("omni.models.qwen3_omni.modules.thinker_tp:build_shard", {
+            "model_dir": str(args.model_dir), "dtype": args.dtype,
+            "load_format": load_format(vars(args)), "seed": args.seed})
+        cache = CacheRecipe(config.num_blocks, config.block_size, config.dtype, config.attention_backend)
+        return TensorParallelModel.launch(recipe, size, rank_devices(self.ctx.device, size), cache)
+
     def engine_config(self) -> EngineConfig:
-        args = dict(self.ctx.args)
-        args.setdefault("device", self.ctx.device)
-        cfg = self.full_config
+        """The args' engine settings; EOS and taps the args leave empty come from the checkpoint."""
+        config, cfg = super().engine_config(), self.full_config
         if cfg is not None:
-            args.setdefault("eos_token_ids", (cfg.im_end_token_id,))
-            if cfg.talker is not None and self.hidden_port in self.ctx.out_ports:
-                args.setdefault("tap_layers", (0, cfg.talker.accept_hidden_layer))
-        return EngineConfig.from_dict(args)
+            config = dataclasses.replace(config, eos_token_ids=config.eos_token_ids or (cfg.im_end_token_id,))
+            if cfg.talker is not None and self.hidden_port in self.ctx.out_ports and not config.tap_layers:
+                config = dataclasses.replace(config, tap_layers=(0, cfg.talker.accept_hidden_layer))
+        return config
 
     def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
         pending = self._pending.get(rid)

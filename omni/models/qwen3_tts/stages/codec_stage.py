@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from omni.kernel.errors import InvalidRequest
+from omni.models.qwen3_tts.stages.args import TTSCodecArgs
 from omni.stages.vocoder import VocoderStage, chunk_schedule
 
 log = logging.getLogger("omni.qwen3_tts.codec")
@@ -30,14 +31,14 @@ WARM_FRAMES = 96  # frames per warm-up stream: past the decoder's left-context l
 
 
 class CodecStage(VocoderStage):
-    """args: model_dir (the checkpoint; its speech_tokenizer/ folder is loaded), dtype (optional),
-    seed (random weights of a config-only tokenizer), voice_states (reference-code states kept;
-    default 16), plus VocoderStage's chunking args."""
+    """args: `TTSCodecArgs` (stages/args.py)."""
+
+    Args = TTSCodecArgs
 
     def __init__(self, ctx, codec=None) -> None:
         super().__init__(ctx, codec)
         self.voice_states: OrderedDict[str, Any] = OrderedDict()
-        self.max_voice_states = int(ctx.args.get("voice_states", 16))
+        self.max_voice_states = ctx.args.voice_states
         self.voice_state_hits = 0
 
     def build_codec(self):
@@ -45,10 +46,10 @@ class CodecStage(VocoderStage):
 
         from omni.models.qwen3_tts.modules.speech_tokenizer_decoder import SpeechTokenizerDecoder
 
-        dtype = self.ctx.args.get("dtype")
-        return SpeechTokenizerDecoder.from_dir(Path(self.ctx.args["model_dir"]) / TOKENIZER_DIR,
+        dtype = self.ctx.args.dtype
+        return SpeechTokenizerDecoder.from_dir(Path(self.ctx.args.model_dir) / TOKENIZER_DIR,
                                                dtype=getattr(torch, dtype) if dtype else None,
-                                               device=self.ctx.device, seed=int(self.ctx.args.get("seed", 0)))
+                                               device=self.ctx.device, seed=self.ctx.args.seed)
 
     def setup(self) -> None:
         super().setup()

@@ -23,21 +23,24 @@ from omni.models.qwen3_tts.modules.prompt import language_id
 from omni.models.qwen3_tts.request import (
     assistant_text, instruct_text, instructions_of, load_tokenizer, non_streaming_of, speech_text, tokenize,
 )
+from omni.models.qwen3_tts.stages.args import TTSPreprocessArgs
+from omni.stages.args import coerce_args
 from omni.stages.threads import pin_torch_threads
 
 
 class PreprocessStage(Stage):
     def __init__(self, ctx: StageContext) -> None:
+        ctx.args = coerce_args(TTSPreprocessArgs, ctx.args, ctx.name)
         super().__init__(ctx)
-        self.max_batch = max(1, int(ctx.args.get("max_batch", 16)))
+        self.max_batch = ctx.args.max_batch
         self.requests: dict[str, dict[str, Any]] = {}
         self.ready: list[str] = []
         self.processed = 0
 
     def setup(self) -> None:
-        pin_torch_threads(self.ctx.args)
-        self.cfg = load_config(self.ctx.args["model_dir"])
-        self.tokenizer = load_tokenizer(str(self.ctx.args["model_dir"]))
+        pin_torch_threads(self.ctx.args.threads)
+        self.cfg = load_config(self.ctx.args.model_dir)
+        self.tokenizer = load_tokenizer(self.ctx.args.model_dir)
 
     # ---- requests -------------------------------------------------------------------
     def open(self, rid: str, params: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ from omni.models.loading import load_part
 from omni.models.qwen3_tts.modules.prompt import PromptSpec
 from omni.models.qwen3_tts.modules.talker import TTSTalkerModel
 from omni.models.qwen3_tts.request import load_tokenizer, ref_text, tokenize
+from omni.models.qwen3_tts.stages.args import TTSTalkerArgs
 from omni.stages.ar.sequence import SamplingParams
 
 MIN_NEW_TOKENS = 2  # the reference's generate: codec EOS is suppressed for the first two codes
@@ -36,29 +37,32 @@ MIN_NEW_TOKENS = 2  # the reference's generate: codec EOS is suppressed for the 
 class TTSTalkerStage(TalkerStage):
     codes_port = "codes"
     sampling_key = "talker"
+    Args = TTSTalkerArgs
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
         self._inputs: dict[str, dict[str, Any]] = {}
 
     def build_model(self) -> TTSTalkerModel:
-        """`args["model"]` (a built TTSTalkerModel, in-process) or the checkpoint in `args["model_dir"]`."""
-        model = self.ctx.args.get("model")
+        """`args.model` (a built TTSTalkerModel, in-process) or the checkpoint in `args.model_dir`."""
+        model = self.ctx.args.model
         if isinstance(model, TTSTalkerModel):
             return model
-        return load_part(TTSTalkerModel, self.ctx.args, self.ctx.device, default_dtype="float32")
+        return load_part(TTSTalkerModel, vars(self.ctx.args), self.ctx.device, default_dtype="float32")
 
     def engine_ready(self) -> None:
         self.model = self.engine.model
         self.model.max_model_len = self.engine.config.max_model_len
         args = self.ctx.args
-        self.model.predictor_top_k = int(args.get("predictor_top_k", self.model.predictor_top_k))
-        self.model.predictor_top_p = float(args.get("predictor_top_p", self.model.predictor_top_p))
+        if args.predictor_top_k is not None:
+            self.model.predictor_top_k = args.predictor_top_k
+        if args.predictor_top_p is not None:
+            self.model.predictor_top_p = args.predictor_top_p
         cfg = self.engine.config
         if cfg.cuda_graphs:
             self.model.use_predictor_graphs(cfg.cuda_graph_max_batch or cfg.max_num_seqs)
         if "voice" in self.ctx.in_ports:  # an in-context clone tokenizes its transcript: load it now, not then
-            load_tokenizer(str(self.ctx.args["model_dir"]))
+            load_tokenizer(self.ctx.args.model_dir)
 
     def sampling_params(self, params: dict[str, Any]) -> SamplingParams:
         sampling = super().sampling_params(params)
@@ -110,7 +114,7 @@ class TTSTalkerStage(TalkerStage):
         )
         sampling: SamplingParams = pending["sampling"]
         req = self.model.new_tts_request(spec, sampling.greedy, sampling.seed,
-                                         float(self.ctx.args.get("predictor_temperature", 0.9)))
+                                         self.ctx.args.predictor_temperature)
         if ref_codes is not None:
             self._errors.append(Emit(rid, self.codes_port, {"ref_codes": ref_codes.numpy().astype(np.int64)}))
         self.engine.add_request(rid, [self.model.placeholder_id] * req.prefill_len, sampling,
@@ -123,7 +127,7 @@ class TTSTalkerStage(TalkerStage):
         text = voice.get("ref_text")
         if not isinstance(text, str) or not text.strip():
             raise InvalidRequest("in-context voice cloning needs the reference clip's transcript")
-        return tokenize(load_tokenizer(str(self.ctx.args["model_dir"])), ref_text(text))
+        return tokenize(load_tokenizer(self.ctx.args.model_dir), ref_text(text))
 
     def abort(self, rid: str) -> None:
         self._inputs.pop(rid, None)

@@ -30,6 +30,8 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
+from omni.models.qwen3_tts.stages.args import TTSVoiceArgs
+from omni.stages.args import coerce_args
 from omni.stages.threads import pin_torch_threads
 
 log = logging.getLogger("omni.qwen3_tts.voice")
@@ -74,20 +76,20 @@ def check_clip(pcm: np.ndarray, rate: int, max_seconds: float = MAX_REF_SECONDS)
 
 
 class VoiceStage(Stage):
-    """args: model_dir, max_ref_seconds (default 60), seed (random tokenizer weights), recent_clips
-    (inline clips whose prompts are kept; default 64)."""
+    """args: `TTSVoiceArgs` (stages/args.py)."""
 
     in_port = "voice"
 
     def __init__(self, ctx: StageContext) -> None:
+        ctx.args = coerce_args(TTSVoiceArgs, ctx.args, ctx.name)
         super().__init__(ctx)
         self.jobs: dict[str, _Job] = {}
-        self.max_seconds = float(ctx.args.get("max_ref_seconds", MAX_REF_SECONDS))
+        self.max_seconds = ctx.args.max_ref_seconds
         self.speaker = None
         self.tokenizer = None
         self.computed = 0
         self.recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self.max_recent = int(ctx.args.get("recent_clips", 64))
+        self.max_recent = ctx.args.recent_clips
 
     def setup(self) -> None:
         import torch
@@ -95,15 +97,15 @@ class VoiceStage(Stage):
         from omni.models.qwen3_tts.modules.speaker_encoder import SpeakerEncoder
         from omni.models.qwen3_tts.modules.speech_tokenizer_encoder import SpeechTokenizerEncoder
 
-        pin_torch_threads(self.ctx.args)
+        pin_torch_threads(self.ctx.args.threads)
         if str(self.ctx.device).startswith("cuda"):
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        model_dir = Path(self.ctx.args["model_dir"])
+        model_dir = Path(self.ctx.args.model_dir)
         self.speaker = SpeakerEncoder.from_checkpoint(model_dir, dtype=torch.float32, device=self.ctx.device)
         self.tokenizer = SpeechTokenizerEncoder.from_dir(model_dir / TOKENIZER_DIR, dtype=torch.float32,
                                                          device=self.ctx.device,
-                                                         seed=int(self.ctx.args.get("seed", 0)))
+                                                         seed=self.ctx.args.seed)
 
     def open(self, rid: str, params: dict[str, Any]) -> None:
         if params.get("voice_ref") is None and params.get("voice_prompt") is None:

@@ -9,9 +9,9 @@ one never is (the converter writes to a temporary directory and renames it when 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
+from omni import env
 from omni.models.whisper.checkpoint.convert_ct2 import PACKAGES, convert, packaged_sources
 
 log = logging.getLogger("omni.whisper")
@@ -79,8 +79,5 @@ def embedded_whisper(root: str | Path) -> Path | None:
 
 
 def default_cache_dir() -> Path:
-    """omnid's cache dir (the same rule as `omni.api.cli.cache_dir`): $OMNI_CACHE_DIR, else
-    $XDG_CACHE_HOME/omni, else ~/.cache/omni."""
-    if os.environ.get("OMNI_CACHE_DIR"):
-        return Path(os.environ["OMNI_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "omni"
+    """omnid's cache dir (`omni.env.cache_dir`)."""
+    return env.cache_dir()

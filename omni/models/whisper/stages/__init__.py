@@ -1,1 +1,13 @@
+"""The Whisper stage kinds, each with its typed args (stages/args.py); the family's
+`register(registry)` calls `register_stages` (import-light: only `module:attr` strings)."""
 
+_STAGES = "omni.models.whisper.stages"
+KINDS = {  # kind -> (stage class, args class)
+    "whisper.encoder": (f"{_STAGES}.encoder_stage:WhisperEncoderStage", f"{_STAGES}.args:WhisperEncoderArgs"),
+    "whisper.decoder": (f"{_STAGES}.decoder_stage:WhisperDecoderStage", f"{_STAGES}.args:WhisperDecoderArgs"),
+}
+
+
+def register_stages(registry) -> None:
+    for kind, (target, args) in KINDS.items():
+        registry.register_stage(kind, target, args=args)

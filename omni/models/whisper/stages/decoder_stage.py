@@ -29,12 +29,14 @@ from omni.kernel.stage import Emit, Stage, StageContext
 from omni.models.whisper.modules.alignment import alignment_heads, alignment_weights, token_times, words
 from omni.models.whisper.config import WhisperConfig
 from omni.models.whisper.modules.decoder import WhisperDecoder
+from omni.models.whisper.stages.args import WhisperDecoderArgs
 from omni.models.whisper.stages.encoder_stage import WhisperBatchEncoder
 from omni.models.whisper.modules.features import WINDOW_FRAMES
 from omni.models.whisper.modules.logits import RULES, DecodeRules
 from omni.models.whisper.stages.seek import cut, shifted_mel
 from omni.models.whisper.stages.stats import STATS, DecodeStats, compression_ratio
 from omni.models.whisper.stages.transcript import WhisperText, join_texts
+from omni.stages.args import coerce_args
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.engine import AREngine
 from omni.stages.ar.sequence import SamplingParams
@@ -86,7 +88,10 @@ class _Request:
 
 
 class WhisperDecoderStage(Stage):
+    """args: `WhisperDecoderArgs` (stages/args.py)."""
+
     def __init__(self, ctx: StageContext) -> None:
+        ctx.args = coerce_args(WhisperDecoderArgs, ctx.args, ctx.name)
         super().__init__(ctx)
         self.requests: dict[str, _Request] = {}
         self.errors: list[Emit] = []
@@ -97,21 +102,21 @@ class WhisperDecoderStage(Stage):
 
     def setup(self) -> None:
         args = self.ctx.args
-        pin_torch_threads(args)
-        model_dir = args["model_dir"]
+        pin_torch_threads(args.threads)
+        model_dir = args.model_dir
         self.cfg = WhisperConfig.from_dir(model_dir)
         self.text = WhisperText(model_dir, self.cfg)
         self.alignment_heads = alignment_heads(model_dir)
-        dtype = getattr(torch, args.get("dtype", "float32"))
+        dtype = getattr(torch, args.dtype)
         model = WhisperDecoder.from_pretrained(model_dir, self.cfg, dtype, self.ctx.device)
         max_len = self.cfg.max_target_positions
-        max_seqs = self.max_seqs = int(args.get("max_num_seqs", args.get("max_batch", 32)))
-        block = int(args.get("block_size", 16))
+        max_seqs = self.max_seqs = args.max_num_seqs
+        block = args.block_size
         # KV room for 256 tokens a window on average (most transcripts are far shorter; the engine
         # preempts when a batch of long ones runs out)
-        num_blocks = int(args.get("num_blocks", max(max_seqs * 256, max_len) // block))
+        num_blocks = args.num_blocks or max(max_seqs * 256, max_len) // block
         engine_cfg = EngineConfig(block_size=block, num_blocks=num_blocks, max_num_seqs=max_seqs,
-                                  max_num_batched_tokens=int(args.get("max_num_batched_tokens", 2048)),
+                                  max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_model_len=max_len, device=self.ctx.device, eos_token_ids=(self.cfg.eot,))
         self.engine = AREngine(model, engine_cfg)
 
@@ -128,7 +133,7 @@ class WhisperDecoderStage(Stage):
                 raise InvalidRequest("this Whisper is English-only: it cannot translate")
             if lang_id is not None and lang_id != cfg.language_token("en"):
                 raise InvalidRequest(f"this Whisper is English-only; language {language!r} is not supported")
-        sampling = dict(self.ctx.args.get("default_sampling") or {"temperature": 0.0})
+        sampling = dict(self.ctx.args.default_sampling)
         sampling.update((params.get("sampling") or {}).get(self.ctx.name) or {})
         sampling.setdefault("max_tokens", cfg.max_target_positions // 2)
         prompt = params.get("prompt")
@@ -275,8 +280,7 @@ class WhisperDecoderStage(Stage):
             return
         window.seek += frames
         if self.seek_encoder is None:  # loaded on first use: most requests never seek
-            self.seek_encoder = WhisperBatchEncoder(self.ctx.args["model_dir"], self.ctx.device,
-                                                    self.ctx.args.get("dtype", "float32"))
+            self.seek_encoder = WhisperBatchEncoder(self.ctx.args.model_dir, self.ctx.device, self.ctx.args.dtype)
         window.encoder_out = self.seek_encoder.encode_mel(shifted_mel(window.mel, window.seek)[None])[0]
 
     def _words(self, window: _Window, tokens: list[int], keep: int) -> list[dict]:

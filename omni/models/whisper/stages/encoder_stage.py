@@ -24,6 +24,7 @@ from omni.models.whisper.config import WhisperConfig
 from omni.models.whisper.modules.features import SAMPLE_RATE, log_mel, pad_window
 from omni.models.whisper.modules.layers import WhisperEncoder
 from omni.models.weights import load_into
+from omni.models.whisper.stages.args import WhisperEncoderArgs
 from omni.models.whisper.stages.windows import split_windows
 from omni.stages.encoder import EncoderStage
 
@@ -96,14 +97,17 @@ class WhisperBatchEncoder:
 
 
 class WhisperEncoderStage(EncoderStage):
+    """args: `WhisperEncoderArgs` (stages/args.py)."""
+
+    Args = WhisperEncoderArgs
+
     def __init__(self, ctx: StageContext) -> None:
-        ctx.args.setdefault("out_port", "windows")
         super().__init__(ctx)
-        self.max_audio_s = float(ctx.args.get("max_audio_s", 600.0))
-        self.silence_peak = float(ctx.args.get("silence_peak", 1e-4))
+        self.max_audio_s = ctx.args.max_audio_s
+        self.silence_peak = ctx.args.silence_peak
 
     def build_encoder(self) -> WhisperBatchEncoder:
-        return WhisperBatchEncoder(self.ctx.args["model_dir"], self.ctx.device, self.ctx.args.get("dtype", "float32"))
+        return WhisperBatchEncoder(self.ctx.args.model_dir, self.ctx.device, self.ctx.args.dtype)
 
     def open(self, rid: str, params: dict[str, Any]) -> None:
         pcm = request_audio(params, self.max_audio_s, self.silence_peak)

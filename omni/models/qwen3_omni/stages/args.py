@@ -1,0 +1,61 @@
+"""The typed args of the Qwen3-Omni stage kinds (torch-free: the kernel checks graphs against them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni.models.loading import LOAD_FORMATS
+from omni.stages.ar.args import ARArgs
+from omni.stages.args import EncoderArgs, LayerArgs, StageArgs, VocoderArgs
+
+
+@dataclass
+class WeightArgs(StageArgs):
+    """How a model stage gets its weights (checkpoint/random_load.py)."""
+
+    model_dir: str = ""  # the Qwen3-Omni checkpoint directory
+    dtype: str = ""  # weights dtype, e.g. "bfloat16"; "" = the part's default
+    load_format: str = "auto"  # "random": weights drawn from the config on the stage's device
+    seed: int = 0  # the random weights' seed
+
+    def check(self) -> None:
+        super().check()
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format {self.load_format!r} is not one of {LOAD_FORMATS}")
+
+
+@dataclass
+class PreprocessArgs(StageArgs):
+    """stages/preprocess_stage.py: chat template, tokenizer, media features."""
+
+    model_dir: str = ""  # the checkpoint directory (tokenizer, processor config)
+    voices: list[str] = field(default_factory=list)  # the talker's speakers; empty: the graph makes no audio
+    max_batch: int = 8  # requests prepared per step
+    max_prompt_tokens: int = 0  # the thinker's context: longer prompts are refused up front; 0 = unbounded
+
+
+@dataclass
+class EncoderPartArgs(WeightArgs, EncoderArgs):
+    """stages/encoders.py: the audio or the vision tower under the generic encoder stage."""
+
+
+@dataclass
+class Code2WavArgs(WeightArgs, VocoderArgs):
+    """stages/code2wav_stage.py: code2wav under the generic streaming vocoder stage."""
+
+
+@dataclass
+class ThinkerArgs(WeightArgs, LayerArgs, ARArgs):
+    """stages/thinker_stage.py; eos_token_ids / tap_layers left empty come from the checkpoint."""
+
+    model: Any = None  # in-process only: a built Qwen3OmniThinker instead of model_dir
+    sglang_export_dir: str = ""  # where backend "sglang" exports the text model; "" = the cache dir
+
+
+@dataclass
+class TalkerArgs(WeightArgs, LayerArgs, ARArgs):
+    """stages/talker_stage.py."""
+
+    model: Any = None  # in-process only: a built TalkerModel instead of model_dir
+    speaker: str = ""  # the voice of requests that name none; "" = the model's default
