@@ -10,8 +10,9 @@ or an inline clip into the speaker embedding and reference codes, cached; `codec
 
 Options (all optional): `device`, `dtype`, `model_id`, `threads`, `first_chunk_frames` /
 `chunk_frames` / `grow_chunks` (the codec's first and later chunk sizes, default 1 and 12,
-growing in between: the first one sets the time to first audio), `stage_args` ({stage: {arg: value}}, merged last). Sampling defaults come from the
-checkpoint's generation_config.json (as the reference's `generate_*` read it). A checkpoint
+growing in between: the first one sets the time to first audio), `stage_args` ({stage: {arg:
+value}}, merged last). Sampling defaults come from the checkpoint's generation_config.json (as
+the reference's `generate_*` read it). A checkpoint
 written by `make_tiny` (it leaves `omni_tiny.json`) is flagged as random weights and gets a short
 default length: a random talker may never find its codec EOS.
 """
