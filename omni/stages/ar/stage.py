@@ -98,7 +98,10 @@ class ARStage(Stage):
         return str(path)
 
     def engine_config(self) -> EngineConfig:
-        return self.ctx.args.engine_config(device=self.ctx.device)
+        """The engine runs on the stage's device; a context built in-process without one (the
+        StageContext default, "cpu") takes the args' `device` instead."""
+        ctx_device, args_device = self.ctx.device, self.ctx.args.device
+        return self.ctx.args.engine_config(device=args_device if ctx_device == "cpu" else ctx_device)
 
     def setup(self) -> None:
         args = self.ctx.args
