@@ -7,6 +7,7 @@
 # with silence_duration_ms 200 set by the client (reported apart). No level starts a turn after
 # LEVEL_S seconds (the table says turns done / planned). Whole script < 9 minutes.
 # carry: .whl (with silero_vad-6.2.3-py3-none-any.whl in it)   -> $OUT/realtime.md, realtime.json, realtime_short.md, realtime_short.json, i17.tgz, issue17.log
+# Context 8192 (RT_SETS): ten turns of these sessions pass 4096 tokens (on 2026-12-02 turns 9-10 were refused at 4096).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
@@ -29,7 +30,7 @@ SHORT=(); [ -n "${SHORT_MS-200}" ] && SHORT=(--short-silence-ms "${SHORT_MS-200}
 SCALED_ARG=(); [ "${SCALED:-0}" = 1 ] && SCALED_ARG=(--scaled)
 OMNID=(); for a in ${OMNID_ARGS:---mps=on}; do OMNID+=("--omnid-arg=$a"); done
 cmd=(python3 bench/realtime_suite.py --out-dir "$R/suite" --sessions "${SESSIONS:-1,8,32}" --cold 1 --budget-s "$BUDGET"
-     "${SHORT[@]}" "${SCALED_ARG[@]}" "${OMNID[@]}"
+     "${SHORT[@]}" "${SCALED_ARG[@]}" "${OMNID[@]}" ${RT_SETS---set thinker.args.max_model_len=8192 --set talker.args.max_model_len=8192}
      -- --turns "${TURNS:-10}" --level-deadline-s "$LEVEL_S" ${BENCH_ARGS:-})
 say "${cmd[*]}"
 timeout -k 45 $(( BUDGET + 30 )) "${cmd[@]}" > "$R/suite.log" 2>&1
