@@ -30,7 +30,7 @@ SHORT=(); [ -n "${SHORT_MS-200}" ] && SHORT=(--short-silence-ms "${SHORT_MS-200}
 SCALED_ARG=(); [ "${SCALED:-0}" = 1 ] && SCALED_ARG=(--scaled)
 OMNID=(); for a in ${OMNID_ARGS:---mps=on}; do OMNID+=("--omnid-arg=$a"); done
 cmd=(python3 bench/realtime_suite.py --out-dir "$R/suite" --sessions "${SESSIONS:-1,8,32}" --cold 1 --budget-s "$BUDGET"
-     "${SHORT[@]}" "${SCALED_ARG[@]}" "${OMNID[@]}" ${RT_SETS---set thinker.args.max_model_len=8192 --set talker.args.max_model_len=8192}
+     "${SHORT[@]}" "${SCALED_ARG[@]}" "${OMNID[@]}" ${RT_SETS---set thinker.args.max_model_len=8192 --set talker.args.max_model_len=8192 --set preprocess.args.max_prompt_tokens=8192}
      -- --turns "${TURNS:-10}" --level-deadline-s "$LEVEL_S" ${BENCH_ARGS:-})
 say "${cmd[*]}"
 timeout -k 45 $(( BUDGET + 30 )) "${cmd[@]}" > "$R/suite.log" 2>&1
