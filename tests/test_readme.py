@@ -139,6 +139,8 @@ def check_pip(env: Env, argv: list[str]) -> None:
             assert metadata.version("torch").split("+")[0] == version, "the README's torch pin is not what runs here"
         elif name == "sglang":
             assert metadata.version("sglang") == version, "the README's SGLang is not the one installed here"
+        elif name == "qwen-tts-hf":  # the Qwen3-TTS reference the family's tests compare with
+            assert metadata.version("qwen-tts-hf") == version, "the README's Qwen3-TTS reference is not the one installed here"
         else:
             raise AssertionError(f"the README installs {spec!r}: teach this test what to check")
 
