@@ -36,3 +36,14 @@ class RMSNorm(nn.Module):
 
     def _fused(self, x: torch.Tensor) -> bool:
         return fused_ops.enabled(x) and self.weight.dtype == x.dtype
+
+
+class LayerScale(nn.Module):
+    """A learned per-channel scale on a residual branch (Mimi's and code2wav's transformers)."""
+
+    def __init__(self, dim: int, init: float):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x

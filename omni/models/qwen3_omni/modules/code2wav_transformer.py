@@ -11,19 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni.layers.mlp import GatedMLP
-from omni.layers.norms import RMSNorm
+from omni.layers.norms import LayerScale, RMSNorm
 from omni.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
 from omni.models.qwen3_omni.modules.code2wav_layers import StreamBatch
 from omni.models.qwen3_omni.config import Code2WavConfig
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int, init: float):
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((dim,), init))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
 
 
 class SlidingAttention(nn.Module):

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni.layers.norms import LayerScale
 from omni.models.qwen3_tts.modules.speech_tokenizer import EncoderConfig, load_tokenizer_config
 from omni.models.weights import load_into
 
@@ -115,15 +116,6 @@ class Attention(nn.Module):
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.head_dim ** -0.5)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int, init: float):
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((dim,), init))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
 
 
 class MLP(nn.Module):
