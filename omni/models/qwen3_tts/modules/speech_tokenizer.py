@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omni.models.qwen3_omni.config import Code2WavConfig
 from omni.models.weights import CheckpointError
 
 MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
@@ -33,34 +34,13 @@ _ENCODER = dict(sampling_rate=24000, audio_channels=1, hidden_size=512, num_filt
 
 
 @dataclass(frozen=True)
-class DecoderConfig:
-    """Field names follow Qwen3-Omni's Code2WavConfig where they mean the same, so the shared
-    streaming layers (qwen3_omni.modules.code2wav_*) read either."""
+class DecoderConfig(Code2WavConfig):
+    """Qwen3-Omni's Code2WavConfig (the shared streaming layers, qwen3_omni.modules.code2wav_*, read
+    it) plus the 12 Hz decoder's own widths."""
 
-    codebook_size: int
-    codebook_dim: int  # the RVQ output width (pre_conv's input)
-    latent_dim: int  # the convolutional width between pre_conv and the waveform decoder
-    hidden_size: int  # the pre-transformer's width (input_proj / output_proj map latent <-> hidden)
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    attention_bias: bool
-    sliding_window: int
-    rms_norm_eps: float
-    rope_theta: float
-    layer_scale_initial_scale: float
-    num_quantizers: int
-    upsample_rates: tuple[int, ...]
-    upsampling_ratios: tuple[int, ...]
-    decoder_dim: int
-    sample_rate: int = 24000
-
-    @property
-    def total_upsample(self) -> int:
-        """Waveform samples per code frame (1920 at 12.5 Hz, 24 kHz)."""
-        return math.prod(self.upsample_rates + self.upsampling_ratios)
+    codebook_dim: int = 0  # the RVQ output width (pre_conv's input)
+    latent_dim: int = 0  # the convolutional width between pre_conv and the waveform decoder
+    attention_bias: bool = False
 
 
 @dataclass(frozen=True)
