@@ -13,9 +13,6 @@ import numpy as np
 import openai
 import pytest
 
-from omni.api.app import build_app
-from omni.api.server import HttpServer
-from omni.kernel.kernel import Kernel
 from omni.models.qwen3_omni.graph import build
 from omni.models.qwen3_omni.checkpoint.make_tiny import TINY_MARKER, make_tiny
 from omni.models.qwen3_omni.request import SPEECH_INSTRUCTION, TRANSCRIBE_INSTRUCTION
@@ -30,17 +27,8 @@ GREEDY = {"stage_sampling": {"talker": {"temperature": 0, "max_tokens": TALKER}}
 PCM16_STEP = 1 / 32767  # omnid sends audio as 16-bit PCM: half a step of rounding on top of the model's error
 
 
-class QwenServer(LiveServer):
-    def __init__(self, ckpt: str) -> None:
-        super().__init__(mode="process")
-        self.ckpt = ckpt
-
-    async def _start(self) -> None:
-        graph, self.info = build(self.ckpt)
-        self.kernel = Kernel(graph, mode="process", env=dict(THREADS_ENV))
-        await self.kernel.start()
-        app = build_app(self.kernel, self.info, [s.name for s in graph.stages], self.config)
-        self.servers.append(await HttpServer(app, "127.0.0.1", 0).start())
+def QwenServer(ckpt: str) -> LiveServer:
+    return LiveServer(mode="process", env=THREADS_ENV, build=lambda: build(ckpt))
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +62,9 @@ def assert_close(got: np.ndarray, wav: np.ndarray) -> None:
     assert float(np.abs(got - wav).max()) <= 1e-4 * peak + PCM16_STEP / 2 + 1e-6
 
 
-def test_models_and_voices(client, server):
+def test_models_and_voices(client, server, ckpt):
     model = client.models.retrieve(server.info.id)
-    assert model.id == os.path.basename(server.ckpt)
+    assert model.id == os.path.basename(ckpt)
     assert server.info.voices == ["ethan", "aiden", "chelsie"] and server.info.random_weights
 
 

@@ -22,8 +22,10 @@ class LiveServer(BackgroundLoop):
 
     def __init__(self, mode: str = "inline", max_inflight: int = 64, config: ServerConfig | None = None,
                  stage_args: dict[str, dict[str, Any]] | None = None, info_changes: dict | None = None,
-                 extra_configs: list[ServerConfig] = (), spec_changes: dict[str, dict[str, Any]] | None = None) -> None:
+                 extra_configs: list[ServerConfig] = (), spec_changes: dict[str, dict[str, Any]] | None = None,
+                 build=build_demo, env: dict[str, str] | None = None) -> None:
         self.mode, self.max_inflight = mode, max_inflight
+        self.build, self.env = build, env  # build() -> (Graph, ModelInfo): the demo, or a family's tiny graph
         self.config = config or ServerConfig(port=0)
         self.stage_args = stage_args or {}
         self.info_changes = info_changes or {}
@@ -33,7 +35,7 @@ class LiveServer(BackgroundLoop):
         super().__init__()
 
     async def _start(self) -> None:
-        graph, info = build_demo()
+        graph, info = self.build()
         for stage, args in self.stage_args.items():
             graph.stage(stage).args.update(args)
         for stage, fields in self.spec_changes.items():
@@ -42,7 +44,8 @@ class LiveServer(BackgroundLoop):
         for key, value in self.info_changes.items():
             setattr(info, key, value)
         self.info = info
-        self.kernel = Kernel(graph, mode=self.mode, max_inflight=self.max_inflight)
+        self.kernel = Kernel(graph, mode=self.mode, max_inflight=self.max_inflight,
+                             **({"env": dict(self.env)} if self.env else {}))
         await self.kernel.start()
         for config in [self.config, *self.extra_configs]:
             app = build_app(self.kernel, info, [s.name for s in graph.stages], config)

@@ -9,9 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from omni.api.app import build_app
-from omni.api.server import HttpServer
-from omni.kernel.kernel import Kernel
 from omni.models.qwen3_omni.modules.code2wav import samples_for
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.graph import build
@@ -25,17 +22,8 @@ pytest.importorskip("aiohttp")
 TEXT, FRAMES = 5, 12
 
 
-class TinyQwenServer(LiveServer):
-    def __init__(self, ckpt: str) -> None:
-        super().__init__(mode="inline")
-        self.ckpt = ckpt
-
-    async def _start(self) -> None:
-        graph, self.info = build(self.ckpt, threads=1)
-        self.kernel = Kernel(graph, mode="inline")
-        await self.kernel.start()
-        app = build_app(self.kernel, self.info, [s.name for s in graph.stages], self.config)
-        self.servers.append(await HttpServer(app, "127.0.0.1", 0).start())
+def TinyQwenServer(ckpt: str) -> LiveServer:
+    return LiveServer(mode="inline", build=lambda: build(ckpt, threads=1))
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,6 @@ import numpy as np
 import pytest
 import requests
 
-from omni.api.app import build_app
-from omni.api.server import HttpServer
-from omni.kernel.kernel import Kernel
 from omni.models.chat_template import OPENAI, STRING, content_format, render_messages
 from omni.models.qwen3_omni.checkpoint.tokenizer_offline import CHAT_TEMPLATE
 from test_api_support import LiveServer
@@ -93,21 +90,11 @@ def test_preprocessor_renders_text_and_media_in_either_format(checkpoints):
     np.testing.assert_array_equal(got.audio_features[0], parts(media).audio_features[0])
 
 
-class _TextServer(LiveServer):
+def _TextServer(ckpt) -> LiveServer:
     """The tiny Qwen3-Omni's text graph, stages in this process."""
+    from omni.models.qwen3_omni.graph import build
 
-    def __init__(self, ckpt) -> None:
-        super().__init__(mode="inline")
-        self.ckpt = ckpt
-
-    async def _start(self) -> None:
-        from omni.models.qwen3_omni.graph import build
-
-        graph, self.info = build(self.ckpt, "text")
-        self.kernel = Kernel(graph, mode="inline")
-        await self.kernel.start()
-        app = build_app(self.kernel, self.info, [s.name for s in graph.stages], self.config)
-        self.servers.append(await HttpServer(app, "127.0.0.1", 0).start())
+    return LiveServer(mode="inline", build=lambda: build(ckpt, "text"))
 
 
 def test_served_string_template_gets_string_prompts(checkpoints):

@@ -17,9 +17,6 @@ import openai
 import pytest
 
 import qwen3_tts_reference
-from omni.api.app import build_app
-from omni.api.server import HttpServer
-from omni.kernel.kernel import Kernel
 from omni.models.qwen3_tts.checkpoint.make_tiny import make_tiny
 from omni.models.qwen3_tts.graph import build
 from qwen3_fixtures import THREADS_ENV
@@ -33,17 +30,8 @@ REF_GREEDY = dict(do_sample=False, subtalker_dosample=False, max_new_tokens=FRAM
 PCM16_STEP = 1 / 32767
 
 
-class TTSServer(LiveServer):
-    def __init__(self, ckpt: str) -> None:
-        super().__init__(mode="process")
-        self.ckpt = ckpt
-
-    async def _start(self) -> None:
-        graph, self.info = build(self.ckpt, first_chunk_frames=2, chunk_frames=4)
-        self.kernel = Kernel(graph, mode="process", env=dict(THREADS_ENV))
-        await self.kernel.start()
-        app = build_app(self.kernel, self.info, [s.name for s in graph.stages], self.config)
-        self.servers.append(await HttpServer(app, "127.0.0.1", 0).start())
+def TTSServer(ckpt: str) -> LiveServer:
+    return LiveServer(mode="process", env=THREADS_ENV, build=lambda: build(ckpt, first_chunk_frames=2, chunk_frames=4))
 
 
 class System:

@@ -16,10 +16,8 @@ import pytest
 import requests
 
 import qwen3_tts_reference
-from omni.api.app import ServerConfig, build_app
-from omni.api.server import HttpServer
+from omni.api.app import ServerConfig
 from omni.api.voices import Prompt, VoiceStore
-from omni.kernel.kernel import Kernel
 from omni.models.qwen3_tts.checkpoint.make_tiny import make_tiny
 from omni.models.qwen3_tts.graph import build
 from test_api_support import LiveServer
@@ -45,17 +43,8 @@ def _wav(pcm: np.ndarray, rate: int = RATE) -> bytes:
     return buf.getvalue()
 
 
-class TTSServer(LiveServer):
-    def __init__(self, ckpt: str, config: ServerConfig) -> None:
-        super().__init__(mode="inline", config=config)
-        self.ckpt = ckpt
-
-    async def _start(self) -> None:
-        graph, self.info = build(self.ckpt, threads=1)
-        self.kernel = Kernel(graph, mode="inline")
-        await self.kernel.start()
-        app = build_app(self.kernel, self.info, [s.name for s in graph.stages], self.config)
-        self.servers.append(await HttpServer(app, "127.0.0.1", 0).start())
+def TTSServer(ckpt: str, config: ServerConfig) -> LiveServer:
+    return LiveServer(mode="inline", config=config, build=lambda: build(ckpt, threads=1))
 
 
 @pytest.fixture(scope="module")
