@@ -98,6 +98,9 @@ class _StubKernel:
     async def probe(self, timeout_s: float = 1.0):
         return {"encoder": True, "generator": True, "vocoder": False}
 
+    def capabilities(self):
+        return {}  # every stage is core: a silent one is a 503
+
     async def stop(self):
         pass
 

@@ -278,7 +278,7 @@ def test_suite_omnid_overrides_are_valid_for_the_qwen3_graph(tmp_path):
     """Every --set flag the suite gives omnid names a real stage field (GraphError otherwise)."""
     import gpu_suite
 
-    from omni.kernel.graph import apply_overrides, parse_set_flags
+    from omni.config import apply_overrides, parse_set_flags
     from omni.models.qwen3_omni.checkpoint.presets_full import scaled_config, write_random_model_dir
 
     args = gpu_suite.build_parser().parse_args(["--out-dir", str(tmp_path / "out"), "--concurrency", "1,48"])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from omni.kernel.errors import GraphError
-from omni.kernel.graph import EdgeSpec, Graph, StageSpec, apply_overrides, load_override_file, parse_set_flags
+from omni.config import apply_overrides, load_override_file, parse_set_flags
+from omni.kernel.graph import EdgeSpec, Graph, StageSpec
 from omni.stages.demo import demo_graph
 
 

@@ -164,3 +164,23 @@ def test_two_kernels_side_by_side():
 
     ra, rb = asyncio.run(main())
     assert ra["tokens"] == rb["tokens"] and len(ra["tokens"]) == 12
+
+
+@pytest.mark.parametrize("mode", ["inline", "process"])
+def test_a_final_edge_delivers_its_chunks_only_once_the_producer_finishes(mode):
+    """mode="final": the generator's text is held back until the generator ends the request, then
+    sent whole and in order, while its frames stream to the vocoder meanwhile."""
+    async def main(text_mode):
+        g = graph(generator={"step_delay_s": 0.01})
+        next(e for e in g.edges if e.port == "text").mode = text_mode
+        async with Kernel(g, mode=mode) as kernel:
+            return await kernel.submit({"prompt": "hold the text back", "max_tokens": 16}).collect()
+
+    streamed, held = asyncio.run(main("stream")), asyncio.run(main("final"))
+    assert summarize(held)["tokens"] == summarize(streamed)["tokens"] and len(summarize(held)["tokens"]) == 16
+    np.testing.assert_array_equal(summarize(held)["audio"], summarize(streamed)["audio"])
+    ports = [e.port for e in held if not e.final]
+    assert ports.index("audio") < ports.index("text")  # audio streamed before any text was sent
+    assert ports.count("text") == 16
+    streamed_ports = [e.port for e in streamed if not e.final]
+    assert streamed_ports.index("text") < streamed_ports.index("audio")

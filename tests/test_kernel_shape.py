@@ -3,6 +3,7 @@ budget, and its messages name edges by integer id."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +16,10 @@ from omni.kernel.graph import EdgeSpec
 from omni.stages.demo import demo_graph
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "omni" / "kernel"
-# #15 asks for under 1,500. The kernel also holds the graph's override parsing (TOML, YAML, --set)
-# and the family registry; until those move out this bound keeps it from growing back.
-LINE_BUDGET = 2300
+# #15: the kernel in one sitting, under 1,500 lines of code, counted as cloc counts them (blank
+# lines, comments and docstrings apart); its physical lines are held where they are too.
+CODE_LINE_BUDGET = 1500
+PHYSICAL_LINE_BUDGET = 2150
 
 
 def test_kernel_imports_neither_torch_nor_aiohttp():
@@ -29,9 +31,30 @@ def test_kernel_imports_neither_torch_nor_aiohttp():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def code_lines(source: str) -> int:
+    """Lines that are neither blank, nor a comment, nor part of a docstring."""
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                docstrings.update(range(first.lineno, first.end_lineno + 1))
+    return sum(1 for n, line in enumerate(source.splitlines(), 1)
+               if line.strip() and not line.strip().startswith("#") and n not in docstrings)
+
+
+def test_code_lines_skip_blanks_comments_and_docstrings():
+    source = 'def f():\n    """Doc,\n    two lines."""\n\n    # a comment\n    return 1  # kept\n'
+    assert code_lines(source) == 2
+
+
 def test_kernel_stays_within_its_line_budget():
-    sizes = {p.name: len(p.read_text().splitlines()) for p in KERNEL_DIR.glob("*.py")}
-    assert sum(sizes.values()) < LINE_BUDGET, sorted(sizes.items(), key=lambda kv: -kv[1])
+    sources = {p.name: p.read_text() for p in KERNEL_DIR.glob("*.py")}
+    code = {name: code_lines(text) for name, text in sources.items()}
+    physical = {name: len(text.splitlines()) for name, text in sources.items()}
+    assert sum(code.values()) < CODE_LINE_BUDGET, sorted(code.items(), key=lambda kv: -kv[1])
+    assert sum(physical.values()) < PHYSICAL_LINE_BUDGET, sorted(physical.items(), key=lambda kv: -kv[1])
 
 
 def test_edges_are_named_by_integer_id():

@@ -11,7 +11,8 @@ import pytest
 from omni.kernel.channels import Readers, channel_of
 from omni.kernel.errors import GraphError
 from omni.gpu_env import MULTICAST_OFF, keep_multicast_off
-from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec, apply_overrides
+from omni.config import apply_overrides
+from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.placement import parse_gpus, place, plan, process_devices
 
 

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from omni.api.cli import CliError, build_parser, load_model
 from omni.kernel.errors import GraphError
-from omni.kernel.graph import Graph, StageSpec, apply_overrides, load_override_file, parse_set_flags, stage_args
+from omni.config import apply_overrides, load_override_file, parse_set_flags
+from omni.kernel.graph import Graph, StageSpec, stage_args
 from omni.kernel.registry import REGISTRY
 from omni.kernel.stage import StageContext
 from omni.layers import fused_ops, moe_routed

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from omni.kernel.errors import BackendUnavailable, OmniError, StageStartError, error_from_kind
-from omni.kernel.graph import apply_overrides, parse_set_flags
+from omni.config import apply_overrides, parse_set_flags
 from omni.kernel.kernel import Kernel
 from omni.vendor import sglang as vendor
 

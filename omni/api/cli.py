@@ -130,7 +130,7 @@ def config_model_table(path: str | None) -> dict:
     """The `[model]` table of the --config file: family, path, variant (flags win over it)."""
     if not path:
         return {}
-    from omni.kernel.graph import read_config_file
+    from omni.config import read_config_file
 
     table = read_config_file(path).get("model", {})
     if not isinstance(table, dict) or set(table) - {"family", "path", "variant"}:
@@ -155,7 +155,7 @@ def select_model(args: argparse.Namespace, families) -> tuple[str | None, str | 
 
 def load_model(args: argparse.Namespace):
     """(graph, info) for --model DIR (or the embedded default), with --config / --set applied."""
-    from omni.kernel.graph import apply_overrides, load_override_file, parse_set_flags
+    from omni.config import apply_overrides, load_override_file, parse_set_flags
     from omni.kernel.registry import REGISTRY, resolve
 
     for report in REGISTRY.load_plugins():

@@ -56,8 +56,7 @@ async def health(request: web.Request) -> web.Response:
             found = await served.kernel.probe(timeout_s=state.config.probe_timeout_s)
             probes.update({prefix + k: v for k, v in found.items()})
             states.update({prefix + k: v for k, v in served.kernel.health().items()})
-            capabilities = getattr(served.kernel, "capabilities", dict)()
-            for cap, stages in capabilities.items():
+            for cap, stages in served.kernel.capabilities().items():
                 optional.update({prefix + s: prefix + cap for s in stages})
     except Exception as exc:  # a kernel that cannot even be asked is not healthy
         log.warning("health probe failed: %s: %s", type(exc).__name__, exc)

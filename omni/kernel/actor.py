@@ -1,10 +1,10 @@
 """The stage actor: a mailbox loop around one pure `Stage`.
 
-The loop thread only does IO: it reads the inbound socket, decodes messages, tracks credits
-and sends outputs. Everything the stage does runs in one compute thread (`StageDriver`), so
-the mailbox answers stats queries, credits and cancels while a long step runs, and a stage
-needs no locks. The same class runs in a stage process (`omni.kernel.proc`) and as an
-asyncio task inside the kernel's process (library mode).
+The loop thread only does IO: it reads the inbound socket, decodes messages, tracks credits and
+sends outputs. Everything the stage does runs in one compute thread (`StageDriver`), so the mailbox
+answers stats queries, credits and cancels while a long step runs, and a stage needs no locks. The
+same class runs in a stage process (`omni.kernel.proc`) and as an asyncio task in the kernel's
+process (library mode).
 """
 
 from __future__ import annotations
@@ -43,18 +43,16 @@ class _Link:
 
 class Actor:
     def __init__(self, graph: Graph, stage: str, replica: int, run_dir: str, instance: str) -> None:
-        self.graph = graph
-        self.spec = graph.stage(stage)
-        self.replica = replica
+        self.graph, self.spec, self.replica = graph, graph.stage(stage), replica
         self.name = actor_name(stage, replica)
         self.endpoint = endpoint(run_dir, self.name)
         self.outbox = Outbox(lambda peer: endpoint(run_dir, peer), self.name)
         self.driver = StageDriver(graph, stage, replica)
         self.out_edges = graph.outgoing(stage)
-        self.readers = Readers(graph.stage(stage).device_of(replica))
+        self.readers = Readers(self.spec.device_of(replica))
         self._writers: dict[str, Any] = {}
         self._owner = shm_owner(instance, stage, replica)
-        self._links: dict[tuple[int, str], _Link] = {}
+        self._links: dict[tuple[int, str], _Link] = {}  # (edge id, consumer replica) -> its link
         self._credit_event = asyncio.Event()
         self._wake = asyncio.Event()
         self._opened: dict[str, set[str]] = {}  # rid -> the stages it skips, for the requests open here
@@ -75,8 +73,7 @@ class Actor:
             log.exception("stage %s failed to set up", self.name)
             self._send(KERNEL, m.ActorFailed(self.spec.name, self.replica, f"{type(exc).__name__}: {exc}"))
             await asyncio.sleep(0.1)
-            self.close()
-            return
+            return self.close()
         self.mailbox.start()
         self._send(KERNEL, m.ActorReady(self.spec.name, self.replica, os.getpid()))
         heartbeat = asyncio.create_task(self._heartbeat_loop())
@@ -117,10 +114,9 @@ class Actor:
                 for dst in {e.dst for e in self._edges_of(msg.rid).values()} - {OUT}:
                     self._send(replica_of(self.graph, dst, msg.rid), msg)
             case m.RequestChunk():
-                edge = self.graph.edges[msg.edge]
                 data, tokens = self.readers.read(msg, frames)
-                producer = replica_of(self.graph, edge.src, msg.rid)
-                self.driver.post(Chunk(msg.rid, edge.dst_port, data, msg.edge, producer, tokens))
+                producer = replica_of(self.graph, self.graph.edges[msg.edge].src, msg.rid)
+                self.driver.post(Chunk(msg.rid, self.graph.edges[msg.edge].dst_port, data, msg.edge, producer, tokens))
             case m.RequestEnd():
                 self.driver.post(End(msg.rid, msg.edge))
             case m.RequestCancel():
@@ -139,7 +135,7 @@ class Actor:
                 log.warning("%s dropped an unexpected %s", self.name, type(msg).__name__)
         self._wake.set()
 
-    # ---- credits ----------------------------------------------------------------------------
+    # ---- credits and payload slots ----------------------------------------------------------
 
     def _link(self, edge_id: int, peer: str) -> _Link:
         if (edge_id, peer) not in self._links:
@@ -148,8 +144,7 @@ class Actor:
         return self._links[edge_id, peer]
 
     def _on_credit(self, msg: m.EdgeCredit) -> None:
-        link = self._links.get((msg.edge, msg.consumer))
-        if link is None:
+        if (link := self._links.get((msg.edge, msg.consumer))) is None:
             return
         for token in msg.tokens:
             if token in link.outstanding:
@@ -170,6 +165,15 @@ class Actor:
         """Take back a payload slot of `edge_id` (its consumer credited it, or is gone)."""
         self._writer(channel_of(self.graph, self.graph.edges[edge_id])).free(token)
 
+    def _free_slots(self, payloads: list[m.PayloadDesc]) -> None:
+        for desc in payloads:
+            if (token := self.readers.token(desc)) is not None:
+                self._writer(desc.channel).free(token)
+
+    async def _credit(self) -> None:
+        self._credit_event.clear()
+        await self._credit_event.wait()
+
     # ---- outbound ---------------------------------------------------------------------------
 
     def _writer(self, channel: str) -> Any:
@@ -187,94 +191,73 @@ class Actor:
         edge = self.graph.edges[edge_id]
         peer = self._peer(edge, rid)
         while (link := self._link(edge_id, peer)).credits <= 0:
-            self._credit_event.clear()
-            await self._credit_event.wait()
-        meta: dict[str, Any] = {}
+            await self._credit()
+        meta = {k: v for k, v in data.items() if not is_array(v)}
         payloads: list[m.PayloadDesc] = []
         frames: list[Any] = []
         try:
             for key, value in data.items():
-                if not is_array(value):
-                    meta[key] = value
-                    continue
-                desc, extra = await self._write_array(edge, key, value)
-                if desc.channel == "inline":
-                    desc.frame = len(frames)
-                    frames.extend(extra)
-                payloads.append(desc)
+                if is_array(value):
+                    desc, extra = await self._write_array(edge, key, value)
+                    if desc.channel == "inline":
+                        desc.frame = len(frames)
+                        frames.extend(extra)
+                    payloads.append(desc)
         except BaseException:  # e.g. one array too large for the arena: the chunk's other slots come back
             self._free_slots(payloads)
             raise
-        if self._send(peer, m.RequestChunk(rid, edge_id, meta, payloads), frames):
-            link.credits -= 1
-            link.outstanding.extend(t for t in map(self.readers.token, payloads) if t is not None)
-        else:  # the consumer is gone: its slots come back now, the supervisor fails the request
-            self._free_slots(payloads)
-
-    def _free_slots(self, payloads: list[m.PayloadDesc]) -> None:
-        for desc in payloads:
-            token = self.readers.token(desc)
-            if token is not None:
-                self._writer(desc.channel).free(token)
+        if not self._send(peer, m.RequestChunk(rid, edge_id, meta, payloads), frames):
+            return self._free_slots(payloads)  # the consumer is gone; the supervisor fails the request
+        link.credits -= 1
+        link.outstanding.extend(t for t in map(self.readers.token, payloads) if t is not None)
 
     async def _write_array(self, edge: EdgeSpec, key: str, value: Any) -> tuple[m.PayloadDesc, list[Any]]:
         channel = channel_of(self.graph, edge)
-        nbytes = getattr(value, "nbytes", None)
-        if nbytes is None and hasattr(value, "element_size"):
-            nbytes = value.element_size() * value.numel()
-        if edge.channel == "auto" and channel == "shm" and (nbytes or 0) <= INLINE_MAX_BYTES:
+        nbytes = getattr(value, "nbytes", 0)
+        if edge.channel == "auto" and channel == "shm" and nbytes <= INLINE_MAX_BYTES:
             channel = "inline"
-        writer = self._writer(channel)
         while True:
             try:
-                return writer.write(key, value)
+                return self._writer(channel).write(key, value)
             except PayloadTooLarge as exc:
                 raise PayloadTooLarge(f"stage {self.spec.name} cannot send {key!r} ({nbytes} bytes) on {edge}: "
                                       f"{exc}") from None
             except ChannelFull:
                 if not any(link.outstanding for link in self._links.values()):
                     raise
-                self._credit_event.clear()
-                await self._credit_event.wait()
+                await self._credit()
 
     async def _emit(self, emit: Emit) -> None:
         """Send one output; whatever goes wrong while sending it fails that request, never the actor."""
+        rid = emit.rid
+        if rid not in self._opened:  # cancelled or already finished here
+            return
         try:
-            await self._send_emit(emit)
+            if emit.error is not None:
+                return self._fail(rid, emit.error_kind, emit.error)
+            edges = self._edges_of(rid)
+            for edge_id, edge in edges.items():  # output for a stage the request skips is dropped here
+                if emit.data is not None and edge.port == emit.port:
+                    if edge.mode == "final":
+                        self._final_buffers.setdefault((rid, edge_id), []).append(emit.data)
+                    else:
+                        await self._send_chunk(edge_id, rid, emit.data)
+            if emit.finish:
+                for edge_id, edge in edges.items():
+                    for data in self._final_buffers.pop((rid, edge_id), []):
+                        await self._send_chunk(edge_id, rid, data)
+                    self._send(self._peer(edge, rid), m.RequestEnd(rid, edge_id, emit.end_meta or {}))
+                self._forget(rid)
+                self._send(KERNEL, m.RequestLeft(rid, self.spec.name))
         except Exception as exc:
-            if emit.rid not in self._opened:
-                return
-            log.warning("%s could not send the output of %s: %s: %s", self.name, emit.rid, type(exc).__name__, exc)
-            self._fail(emit.rid, getattr(exc, "kind", "stage_failed"), f"{type(exc).__name__}: {exc}")
+            if rid in self._opened:
+                log.warning("%s could not send the output of %s: %s: %s", self.name, rid, type(exc).__name__, exc)
+                self._fail(rid, getattr(exc, "kind", "stage_failed"), f"{type(exc).__name__}: {exc}")
 
     def _fail(self, rid: str, kind: str, message: str) -> None:
         self._send(KERNEL, m.RequestError(rid, self.spec.name, kind, message))
         self.driver.post_cancel(rid)
         self._forget(rid)
-
-    async def _send_emit(self, emit: Emit) -> None:
-        rid = emit.rid
-        if rid not in self._opened:  # cancelled or already finished here
-            return
-        if emit.error is not None:
-            self._fail(rid, emit.error_kind, emit.error)
-            return
-        edges = self._edges_of(rid)
-        if emit.data is not None:
-            for edge_id, edge in edges.items():  # output for a stage the request skips is dropped here
-                if edge.port != emit.port:
-                    continue
-                if edge.mode == "final":
-                    self._final_buffers.setdefault((rid, edge_id), []).append(emit.data)
-                else:
-                    await self._send_chunk(edge_id, rid, emit.data)
-        if emit.finish:
-            for edge_id, edge in edges.items():
-                for data in self._final_buffers.pop((rid, edge_id), []):
-                    await self._send_chunk(edge_id, rid, data)
-                self._send(self._peer(edge, rid), m.RequestEnd(rid, edge_id, emit.end_meta or {}))
-            self._forget(rid)
-            self._send(KERNEL, m.RequestLeft(rid, self.spec.name))
 
     def _edges_of(self, rid: str) -> dict[int, EdgeSpec]:
         """The outgoing edges this request uses (none into a stage it skips)."""

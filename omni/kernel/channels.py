@@ -38,13 +38,16 @@ class ChannelFull(Exception):
     """The producer's arena has no room now; retry after a credit frees slots."""
 
 
+def _load(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def load_channel(name: str) -> Any:
     """Return the channel class registered under `name` (it has `writer(...)` and `reader()`)."""
-    try:
-        module, _, attr = CHANNELS[name].partition(":")
-    except KeyError:
-        raise ValueError(f"unknown payload channel {name!r}; known: {sorted(CHANNELS)}") from None
-    return getattr(importlib.import_module(module), attr)
+    if name not in CHANNELS:
+        raise ValueError(f"unknown payload channel {name!r}; known: {sorted(CHANNELS)}")
+    return _load(CHANNELS[name])
 
 
 def channel_of(graph: Graph, edge: EdgeSpec) -> str:
@@ -66,9 +69,8 @@ def release_leftovers(graph: Graph, owner: str, pid: int = 0) -> None:
     if pid:
         calls += [(PROCESS_CLEANUP[c], pid) for c in {channel_of(graph, e) for e in graph.edges} & set(PROCESS_CLEANUP)]
     for target, arg in calls:
-        module, _, attr = target.partition(":")
         try:
-            getattr(importlib.import_module(module), attr)(arg)
+            _load(target)(arg)
         except Exception:
             pass
 

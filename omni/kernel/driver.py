@@ -64,8 +64,6 @@ class StageDriver:
         self.counts = dict.fromkeys(("completed", "aborted", "failed", "steps"), 0)
         self.step_seconds = 0.0  # wall time inside stage.step(): where a pipeline's time goes
 
-    # ---- compute thread -----------------------------------------------------------------
-
     def setup(self) -> None:
         self.stage = REGISTRY.stage_class(self.spec.kind)(self.ctx)
         self.stage.setup()
@@ -76,10 +74,9 @@ class StageDriver:
             self.stage.teardown()
 
     def run_once(self) -> tuple[list[Emit], list[Chunk]]:
-        """Cancels, then inputs while the stage takes them, then one step. Returns the emits and the
-        chunks taken (each owes its producer a credit, also when its request is gone)."""
+        """Cancels, then inputs while the stage takes them, then one step: the emits and the chunks taken."""
         emits: list[Emit] = []
-        taken: list[Chunk] = []
+        taken: list[Chunk] = []  # each owes its producer a credit, also when its request is gone
         while self._cancels:
             self._abort(self._cancels.popleft())
         while self._inbox:
@@ -142,27 +139,21 @@ class StageDriver:
             except Exception:
                 log.exception("stage %s abort(%s) failed", self.spec.name, rid)
             self.counts["aborted"] += 1
-            self._retire(rid)
-        self._bury(rid)
+        self._retire(rid)
 
     def _retire(self, rid: str) -> None:
         self._live.pop(rid, None)
-        self._bury(rid)
-
-    def _bury(self, rid: str) -> None:
         self._dead[rid] = None
         while len(self._dead) > TOMBSTONES:
             self._dead.popitem(last=False)
 
     def _stats(self) -> dict[str, Any]:
         try:
-            stats = dict(self.stage.stats()) if self.stage else {}
+            return {**self.stage.stats(), "backlog": self.stage.backlog()}
         except Exception as exc:
-            stats = {"stats_error": str(exc)}
-        stats["backlog"] = self.stage.backlog() if self.stage else 0
-        return stats
+            return {"stats_error": str(exc), "backlog": 0}
 
-    # ---- loop thread ------------------------------------------------------------------------
+    # the loop thread's side
 
     def post(self, item: Open | Chunk | End) -> None:
         self._inbox.append(item)

@@ -29,7 +29,7 @@ from omni.kernel.errors import (DeadlineExceeded, GraphError, KernelClosed, Omni
                                 StageDown, StageFailed, StageStartError, error_from_kind)
 from omni.kernel.graph import Graph
 from omni.kernel.requests import InflightRequest, OutputEvent, RequestStream
-from omni.kernel.routing import Route, Router, replica_of
+from omni.kernel.routing import Router, replica_of
 from omni.kernel.rundir import KERNEL, actor_name, endpoint, make_run_dir, new_instance_id, shm_owner
 from omni.kernel.supervisor import ActorHandle, ActorState, Supervisor
 
@@ -42,27 +42,18 @@ class Kernel:
     def __init__(self, graph: Graph, mode: str = "process", max_inflight: int = 64, heartbeat_timeout_s: float = 30.0,
                  log_level: str = "WARNING", env: dict[str, str] | None = None) -> None:
         graph.validate()
-        for spec in graph.stages:
-            if "." in spec.name or "$" in spec.name:
-                raise GraphError(f"stage name {spec.name!r} may not contain '.' or '$'")
-        self.graph = graph
-        self.max_inflight = max_inflight
-        self.instance = new_instance_id()
-        self.run_dir = ""
+        self.graph, self.max_inflight, self.instance, self.run_dir = graph, max_inflight, new_instance_id(), ""
         self.supervisor = Supervisor(graph, mode, self.instance, self._on_replica_death, heartbeat_timeout_s,
                                      log_level, env or {})
         self._inflight: dict[str, InflightRequest] = {}
         self._readers = Readers()
         self._queries: dict[int, dict[str, Any]] = {}
         self._query_ids = itertools.count()
-        self._started = False
-        self._closed = False
+        self._started = self._closed = False
         try:
             self.router = Router(graph)
         except (ImportError, AttributeError, ValueError) as exc:
             raise GraphError(f"graph {graph.name!r}: cannot load its needs {graph.needs!r}: {exc}") from None
-
-    # ---- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
         self.run_dir = str(make_run_dir(self.instance))
@@ -97,8 +88,6 @@ class Kernel:
     async def __aexit__(self, *exc: Any) -> None:
         await self.stop()
 
-    # ---- requests -----------------------------------------------------------------------
-
     def submit(self, params: dict[str, Any], rid: str | None = None, deadline_s: float | None = None) -> RequestStream:
         """Admit a request; raises Overloaded when `max_inflight` requests are running."""
         if self._closed or not self._started:
@@ -108,7 +97,11 @@ class Kernel:
         rid = rid or uuid.uuid4().hex
         if rid in self._inflight:
             raise ValueError(f"request id {rid!r} is already in flight")
-        route = self._route(params)
+        try:
+            route = self.router.route(params)
+        except Exception as exc:  # a family's `needs` that cannot read these params: use every stage
+            log.warning("routing failed (%s: %s); the request uses every stage", type(exc).__name__, exc)
+            route = Router.everything(self.graph)
         down = [name for name in (replica_of(self.graph, stage, rid) for stage in route.stages)
                 if self.supervisor.handles[name].state is not ActorState.UP]
         if down:  # only the stages this request uses matter: one that skips a down stage is served
@@ -122,13 +115,6 @@ class Kernel:
             self._finish(rid, StageFailed(f"stage {entry} is not reachable"))
         return RequestStream(self, request)
 
-    def _route(self, params: dict[str, Any]) -> Route:
-        try:
-            return self.router.route(params)
-        except Exception as exc:  # a family's `needs` that cannot read these params: use every stage
-            log.warning("routing failed (%s: %s); the request uses every stage", type(exc).__name__, exc)
-            return Router.everything(self.graph)
-
     async def cancel(self, rid: str, reason: str = "cancelled by the client") -> None:
         if rid in self._inflight:
             self._finish(rid, RequestCancelled(reason))
@@ -139,8 +125,7 @@ class Kernel:
 
     def _finish(self, rid: str, error: OmniError | None = None) -> None:
         """End a request for the client; on error, tell every stage to free its state."""
-        request = self._inflight.pop(rid, None)
-        if request is None:
+        if (request := self._inflight.pop(rid, None)) is None:
             return
         request.end(error)
         if error is not None:
@@ -156,8 +141,6 @@ class Kernel:
         for rid in victims:
             self._finish(rid, StageFailed(f"stage {handle.name} died ({reason}) while serving request {rid}"))
         return victims
-
-    # ---- inbound ------------------------------------------------------------------------
 
     def _dispatch(self, msg: m.AnyMsg, frames: list[Any]) -> None:
         match msg:
@@ -192,8 +175,6 @@ class Kernel:
             self._send(replica_of(self.graph, edge.src, msg.rid), m.EdgeCredit(msg.edge, KERNEL, tokens))
         if (request := self._inflight.get(msg.rid)) is not None:
             request.queue.put_nowait(OutputEvent(msg.rid, edge.src, edge.port, data))
-
-    # ---- queries ----------------------------------------------------------------------------
 
     def health(self) -> dict[str, str]:
         """Per stage: "up" only when every replica is up, else the worst replica state."""
@@ -252,12 +233,11 @@ class Kernel:
 
     def holders(self, rid: str) -> set[str]:
         """The stages an in-flight request still holds state in or has to pass through (empty once it ended)."""
-        request = self._inflight.get(rid)
-        return set(request.holders) if request is not None else set()
+        return set(self._inflight[rid].holders) if rid in self._inflight else set()
 
     def kill(self, stage: str, replica: int = 0) -> None:
         """Kill one replica as a crash would (SIGKILL, or cancelling its task inline): fault drills."""
-        self.supervisor.kill(self.supervisor.handles[actor_name(stage, replica)])
+        self.supervisor.handles[actor_name(stage, replica)].kill()
 
     def pid_of(self, stage: str, replica: int = 0) -> int:
         return self.supervisor.handles[actor_name(stage, replica)].pid

@@ -15,7 +15,6 @@ import msgspec
 
 class PayloadDesc(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """Where one array of a chunk lives. Channels fill the fields they need."""
-
     name: str
     channel: str
     dtype: str
@@ -33,7 +32,6 @@ class Msg(msgspec.Struct, tag_field="op", tag=str.lower, omit_defaults=True):
 
 class RequestOpen(Msg, gc=False):
     """A request starts; `params` are the request's parameters, whole."""
-
     rid: str
     params: dict[str, Any] = {}
     skip: list[str] = []  # stages this request never enters (routing.py): no edge into them opens
@@ -41,7 +39,6 @@ class RequestOpen(Msg, gc=False):
 
 class RequestChunk(Msg, gc=False):
     """One item of a request's stream on an edge: small values in `meta`, arrays by handle."""
-
     rid: str
     edge: int
     meta: dict[str, Any] = {}
@@ -50,7 +47,6 @@ class RequestChunk(Msg, gc=False):
 
 class RequestEnd(Msg, gc=False):
     """The request's stream on `edge` is complete (-1: the client's, into the entry stage)."""
-
     rid: str
     edge: int
     meta: dict[str, Any] = {}
@@ -58,7 +54,6 @@ class RequestEnd(Msg, gc=False):
 
 class RequestError(Msg, gc=False):
     """A stage failed the request; the kernel ends it for the client and cancels it elsewhere."""
-
     rid: str
     stage: str
     kind: str
@@ -68,20 +63,17 @@ class RequestError(Msg, gc=False):
 class RequestLeft(Msg, gc=False):
     """A stage is done with `rid`: it holds nothing for it and sends it nothing more (to the kernel,
     so a death of that stage later fails only the requests still in it)."""
-
     rid: str
     stage: str
 
 
 class RequestCancel(Msg, gc=False):
     """Free every piece of state held for `rid`."""
-
     rid: str
 
 
 class EdgeCredit(Msg, gc=False):
     """The `consumer` replica took one chunk of `edge`; `tokens` name the payload slots it frees."""
-
     edge: int
     consumer: str
     tokens: list[int] = []
@@ -89,7 +81,6 @@ class EdgeCredit(Msg, gc=False):
 
 class ActorReady(Msg):
     """A replica is set up and serving."""
-
     stage: str
     replica: int
     pid: int
@@ -97,7 +88,6 @@ class ActorReady(Msg):
 
 class ActorFailed(Msg):
     """Sent instead of ActorReady when set-up raised."""
-
     stage: str
     replica: int
     error: str
@@ -105,7 +95,6 @@ class ActorFailed(Msg):
 
 class ActorHeartbeat(Msg, gc=False):
     """Every half second; a replica that stops sending them is killed as stalled."""
-
     stage: str
     replica: int
     stats: dict[str, Any] = {}
@@ -124,7 +113,6 @@ class StatsReply(Msg):
 
 class PeerUpdate(Msg):
     """A downstream replica restarted: forget what it held and reconnect to it."""
-
     stage: str
     replica: int
 

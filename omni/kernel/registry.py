@@ -3,12 +3,12 @@
 Every family registers itself with one call, `register(registry)`: omni's own are the subpackages
 of `omni.models` (found by `discover`, each `__init__.py` defining `register`), plugins expose it as
 an `omni.plugins` entry point. Entries are `module:attr` strings, resolved only when used, so the
-kernel stays free of torch and a stage process imports only what it runs (a family's `__init__.py`
-holds nothing but its `register`).
+kernel stays free of torch and a stage process imports only what it runs.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 import pkgutil
@@ -18,11 +18,14 @@ from typing import Any
 
 log = logging.getLogger("omni.registry")
 
+# A token covers at most this many characters of ordinary text, so a prompt of more than
+# max_context * CHARS_PER_TOKEN characters cannot fit: refused before it is tokenized.
+CHARS_PER_TOKEN = 16
+
 
 @dataclass
 class ModelInfo:
     """What the API needs to know of a served model."""
-
     id: str
     family: str
     speaks: bool = False
@@ -35,30 +38,24 @@ class ModelInfo:
     sampling_stage: str | None = None  # the stage whose sampling a request's top-level fields set (None: none)
 
 
-# A token covers at most this many characters of ordinary text, so a prompt of more than
-# max_context * CHARS_PER_TOKEN characters cannot fit: refused before it is tokenized.
-CHARS_PER_TOKEN = 16
-
-
 @dataclass
 class FamilyEntry:
+    """`target`: "module:function", function(model_dir, variant, **options) -> (Graph, ModelInfo)."""
     name: str
-    target: str  # "module:function" -> function(model_dir, variant, **options) -> (Graph, ModelInfo)
+    target: str
     architectures: list[str] = field(default_factory=list)
     provider: str = "omni"
     tasks: list[str] = field(default_factory=list)  # what it serves: "chat", "speech", "transcribe"
     voices: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        extras = [", ".join(self.tasks)] if self.tasks else []
-        extras += [f"voices {', '.join(self.voices)}"] if self.voices else []
+        extras = [", ".join(self.tasks)] * bool(self.tasks) + [f"voices {', '.join(self.voices)}"] * bool(self.voices)
         return f"family:{self.name}" + (f" ({'; '.join(extras)})" if extras else "")
 
 
 @dataclass
 class CommandEntry:
     """`omnid NAME ARGS...` runs `target(argv)` (argv: the args after NAME); it returns an exit code or None."""
-
     name: str
     target: str
     help: str = ""
@@ -68,7 +65,6 @@ class CommandEntry:
 @dataclass
 class DefaultEntry:
     """A model `omnid serve` serves when no --model is given: `target(cache_dir) -> model dir | None`."""
-
     family: str
     target: str
     beside: bool = False  # served next to the main default (when target finds one), not instead of it
@@ -94,6 +90,8 @@ def resolve(target: str) -> Any:
 
 
 class Registry:
+    _TABLES = ("stage_kinds", "stage_args", "families", "commands", "tiny_writers", "defaults")  # rolled back on error
+
     def __init__(self) -> None:
         self.stage_kinds: dict[str, str] = {}
         self.stage_args: dict[str, str] = {}  # kind -> "module:ArgsClass" (torch-free); absent: free-form args
@@ -103,9 +101,8 @@ class Registry:
         self.defaults: list[DefaultEntry] = []  # the embedded default models (at most one not `beside`)
         self.plugins: list[PluginReport] = []
         self.family_errors: dict[str, str] = {}  # omni's own family package -> why its register failed
-        self._current_provider = "omni"
-        self._provided: list[str] = []  # what the plugin being loaded registered
         self.plugins_loaded = False
+        self._provider, self._provided = "omni", []  # who is registering now, and what it registered
 
     def register_stage(self, kind: str, target: str, args: str | None = None) -> None:
         """`args`: the kind's typed arguments, a dataclass in a torch-free module (see
@@ -117,13 +114,13 @@ class Registry:
 
     def register_family(self, name: str, target: str, architectures: list[str] | tuple[str, ...] = (), *,
                         tasks: list[str] | tuple[str, ...] = (), voices: list[str] | tuple[str, ...] = ()) -> None:
-        entry = FamilyEntry(name, target, list(architectures), self._current_provider, list(tasks), list(voices))
-        self.families[name] = entry
+        entry = self.families[name] = FamilyEntry(name, target, list(architectures), self._provider, list(tasks),
+                                                  list(voices))
         self._provided.append(entry.describe())
 
     def register_command(self, name: str, target: str, help: str = "") -> None:
         """`omnid NAME ...` calls `target(argv)`, e.g. a family's checkpoint converter."""
-        self.commands[name] = CommandEntry(name, target, help, self._current_provider)
+        self.commands[name] = CommandEntry(name, target, help, self._provider)
         self._provided.append(f"command:{name}")
 
     def register_tiny(self, family: str, target: str) -> None:
@@ -145,11 +142,8 @@ class Registry:
         return next((d for d in self.defaults if not d.beside), None)
 
     def stage_class(self, kind: str) -> Any:
-        """A stage kind is a registered name or a `module:factory` string. An unknown name loads the
-        plugins first: a stage process starts with only omni's own kinds registered."""
-        if kind not in self.stage_kinds and ":" not in kind and not self.plugins_loaded:
-            self.load_plugins()
-        target = self.stage_kinds.get(kind, kind)
+        """A stage kind is a registered name or a `module:factory` string."""
+        target = self._target(kind)
         if ":" not in target:
             raise ValueError(f"unknown stage kind {kind!r}; registered: {sorted(self.stage_kinds)}")
         return resolve(target)
@@ -157,11 +151,16 @@ class Registry:
     def stage_args_class(self, kind: str) -> type | None:
         """The args class of a kind (a registered name, or the `module:Class` it is registered as),
         or None for a kind that takes free-form args."""
-        if kind not in self.stage_kinds and ":" not in kind and not self.plugins_loaded:
-            self.load_plugins()
+        self._target(kind)
         names = [kind] + [name for name, target in self.stage_kinds.items() if target == kind]
         target = next((self.stage_args[n] for n in names if n in self.stage_args), None)
         return resolve(target) if target else None
+
+    def _target(self, kind: str) -> str:
+        """An unknown kind name loads the plugins first: a stage process starts with omni's own only."""
+        if kind not in self.stage_kinds and ":" not in kind and not self.plugins_loaded:
+            self.load_plugins()
+        return self.stage_kinds.get(kind, kind)
 
     def family_for(self, architectures: list[str] | None = None, name: str | None = None) -> FamilyEntry:
         if name:
@@ -178,44 +177,35 @@ class Registry:
         """Register every subpackage of `package` that defines `register` (omni's own families).
         A family that fails is logged and kept in `family_errors`, the others still load."""
         for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
-            if not info.ispkg:
-                continue
             name = f"{package}.{info.name}"
-            error = self._run_register("omni", lambda n=name: getattr(importlib.import_module(n), "register", None))
-            if error:
+            if info.ispkg and (error := self._run_register("omni", lambda: getattr(importlib.import_module(name),
+                                                                                   "register", None))):
                 log.warning("model family %s failed to register: %s", name, error)
                 self.family_errors[name] = error
 
     def load_plugins(self, group: str = "omni.plugins") -> list[PluginReport]:
         """Run every installed plugin's entry point; a broken one is reported, never fatal."""
-        self.plugins = []
-        self.plugins_loaded = True
+        self.plugins, self.plugins_loaded = [], True
         for ep in metadata.entry_points(group=group):
-            error = self._run_register(ep.name, ep.load)
-            if error:
+            if error := self._run_register(ep.name, ep.load):
                 log.warning("plugin %s failed to load: %s", ep.name, error)
-                self.plugins.append(PluginReport(ep.name, False, error=error))
-            else:
-                self.plugins.append(PluginReport(ep.name, True, list(self._provided)))
+            self.plugins.append(PluginReport(ep.name, not error, [] if error else list(self._provided), error))
         self._provided = []
         return self.plugins
 
     def _run_register(self, provider: str, load) -> str:
         """Call the `register` that `load()` returns (None: not a family, skipped); an error is
         returned, never raised, and nothing of that family stays half-registered."""
-        self._current_provider, self._provided = provider, []
-        saved = (dict(self.stage_kinds), dict(self.stage_args), dict(self.families), dict(self.commands),
-                 dict(self.tiny_writers), list(self.defaults))
+        self._provider, self._provided = provider, []
+        saved = {name: copy.copy(getattr(self, name)) for name in self._TABLES}
         try:
-            register = load()
-            if register is not None:
+            if (register := load()) is not None:
                 register(self)
         except Exception as exc:  # a family's bug must not stop the others
-            (self.stage_kinds, self.stage_args, self.families, self.commands, self.tiny_writers,
-             self.defaults) = saved
+            vars(self).update(saved)
             return f"{type(exc).__name__}: {exc}"
         finally:
-            self._current_provider = "omni"
+            self._provider = "omni"
         return ""
 
 

@@ -11,8 +11,6 @@ from omni.kernel.errors import OmniError
 if TYPE_CHECKING:
     from omni.kernel.kernel import Kernel
 
-_END = object()  # the last item of every request's queue
-
 
 @dataclass
 class OutputEvent:
@@ -40,9 +38,7 @@ class InflightRequest:
         """Queue the request's last event: the final one, or the error that ended it."""
         if self.deadline_handle is not None:
             self.deadline_handle.cancel()
-        final = OutputEvent(self.rid, "", "final", self.final_meta, final=True)
-        self.queue.put_nowait(final if error is None else error)
-        self.queue.put_nowait(_END)
+        self.queue.put_nowait(error or OutputEvent(self.rid, "", "final", self.final_meta, final=True))
 
 
 class RequestStream:
@@ -64,14 +60,9 @@ class RequestStream:
         if self._done:
             raise StopAsyncIteration
         item = await self._request.queue.get()
-        if item is _END:
-            self._done = True
-            raise StopAsyncIteration
+        self._done = isinstance(item, OmniError) or item.final
         if isinstance(item, OmniError):
-            self._done = True
             raise item
-        if item.final:
-            self._done = True
         return item
 
     async def cancel(self) -> None:

@@ -1,12 +1,11 @@
 """Starting, watching and restarting stage actors: one_for_one with a restart budget, as in OTP.
 
 A replica runs as a spawned process or, in library mode ("inline"), as an asyncio task in the
-kernel's loop; both report through the same messages (ActorReady or ActorFailed, then
-heartbeats). Death is seen by the exit status (process) or task completion, a stalled mailbox
-by missing heartbeats. The supervisor tells the kernel of a death (which fails the requests
-that replica held), frees what the dead replica owned, and restarts it after a backoff; past
-`max_restarts` within `restart_window_s` the replica is down and rests `restart_cooldown_s`
-before it is tried afresh.
+kernel's loop; both report through the same messages (ActorReady or ActorFailed, then heartbeats).
+Death is seen by the exit status or the task's end, a stalled mailbox by missing heartbeats. The
+supervisor tells the kernel (which fails the requests that replica held), frees what the replica
+owned and restarts it after a backoff; past `max_restarts` within `restart_window_s` the replica is
+down and rests `restart_cooldown_s` before it is tried afresh.
 """
 
 from __future__ import annotations
@@ -23,11 +22,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from omni.gpu_env import keep_multicast_off
 from omni.kernel import messages as m
 from omni.kernel.bus import Outbox
 from omni.kernel.channels import release_leftovers
 from omni.kernel.errors import StageStartError
-from omni.gpu_env import keep_multicast_off
 from omni.kernel.graph import Graph
 from omni.kernel.rundir import actor_name, remove_socket, shm_owner
 
@@ -45,7 +44,6 @@ class ActorState(Enum):
 @dataclass
 class ActorHandle:
     """One replica as the supervisor sees it."""
-
     stage: str
     replica: int
     state: ActorState = ActorState.STARTING
@@ -72,9 +70,15 @@ class ActorHandle:
             code = self.process.poll()
             return f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         if self.task is not None and self.task.done() and not self.task.cancelled():
-            exc = self.task.exception()
-            return f"task ended: {exc!r}" if exc else "task ended"
+            return f"task ended: {self.task.exception()!r}" if self.task.exception() else "task ended"
         return "stopped"
+
+    def kill(self) -> None:
+        """As a crash would: SIGKILL, or cancelling the task inline."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+        if self.task is not None:
+            self.task.cancel()
 
 
 class Supervisor:
@@ -85,9 +89,8 @@ class Supervisor:
                  heartbeat_timeout_s: float, log_level: str, env: dict[str, str]) -> None:
         if mode not in ("process", "inline"):
             raise ValueError(f"mode must be 'process' or 'inline', not {mode!r}")
-        self.graph, self.mode, self.instance = graph, mode, instance
+        self.graph, self.mode, self.instance, self._on_death = graph, mode, instance, on_death
         self.heartbeat_timeout_s, self.log_level, self.env = heartbeat_timeout_s, log_level, env
-        self._on_death = on_death
         self.handles = {h.name: h for h in (ActorHandle(s.name, r) for s in graph.stages for r in range(s.replicas))}
         self.restarts_total: dict[str, int] = {s.name: 0 for s in graph.stages}
         self._tasks: list[asyncio.Task] = []
@@ -102,8 +105,7 @@ class Supervisor:
         self._tasks.append(asyncio.create_task(self._watch()))
 
     def on_report(self, msg: m.ActorReady | m.ActorFailed | m.ActorHeartbeat) -> None:
-        handle = self.handles.get(actor_name(msg.stage, msg.replica))
-        if handle is None:
+        if (handle := self.handles.get(actor_name(msg.stage, msg.replica))) is None:
             return
         if isinstance(msg, m.ActorHeartbeat):
             handle.last_heartbeat, handle.last_stats = time.monotonic(), msg.stats
@@ -122,13 +124,6 @@ class Supervisor:
             worst[h.stage] = min(worst.get(h.stage, ActorState.UP), h.state, key=order.index)
         return {stage: state.value for stage, state in worst.items()}
 
-    def kill(self, handle: ActorHandle) -> None:
-        """As a crash would: SIGKILL, or cancelling the task inline."""
-        if handle.process is not None and handle.process.poll() is None:
-            handle.process.kill()
-        if handle.task is not None:
-            handle.task.cancel()
-
     async def stop(self) -> None:
         """Tell every replica to shut down; terminate, then kill, the ones that do not."""
         self._closed = True
@@ -141,11 +136,8 @@ class Supervisor:
         # open yet) are terminated at once, so a failed start does not wait for slow siblings.
         await asyncio.gather(*(self._stop(h, 5.0 if h.state is ActorState.UP else 0.1) for h in self.handles.values()))
         for handle in self.handles.values():
-            release_leftovers(self.graph, shm_owner(self.instance, handle.stage, handle.replica),
-                              handle.pid if handle.process is not None else 0)
+            self._release(handle)
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    # ---- one replica ------------------------------------------------------------------------
 
     def _launch(self, handle: ActorHandle) -> None:
         handle.ready = asyncio.get_running_loop().create_future()
@@ -179,18 +171,17 @@ class Supervisor:
                 if not handle.ready.done():
                     raise StageStartError(f"stage {handle.name} failed to start: {handle.exit_reason()} "
                                           "before it was ready")
-                break
-            if time.monotonic() > deadline:
-                self.kill(handle)
+            elif time.monotonic() > deadline:
+                handle.kill()
                 raise StageStartError(f"stage {handle.name} failed to start: not ready within {timeout_s:g} s")
-            await asyncio.sleep(0.02)
+            else:
+                await asyncio.sleep(0.02)
         handle.ready.result()  # raises the StageStartError an ActorFailed set
         handle.state = ActorState.UP
 
     async def _stop(self, handle: ActorHandle, timeout_s: float) -> None:
         handle.state = ActorState.STOPPED
-        if handle.process is not None:
-            proc = handle.process
+        if (proc := handle.process) is not None:
             deadline = time.monotonic() + timeout_s
             while proc.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
@@ -207,43 +198,43 @@ class Supervisor:
             except (asyncio.TimeoutError, asyncio.CancelledError, Exception):
                 handle.task.cancel()
 
-    # ---- supervision --------------------------------------------------------------------------
+    def _release(self, handle: ActorHandle) -> None:
+        """Unlink the shm the replica owned (and its process's channel files)."""
+        release_leftovers(self.graph, shm_owner(self.instance, handle.stage, handle.replica),
+                          handle.pid if handle.process is not None else 0)
 
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(0.05)
-            now = time.monotonic()
-            for handle in self.handles.values():
-                if handle.state is not ActorState.UP:
-                    continue
+            for handle in [h for h in self.handles.values() if h.state is ActorState.UP]:
+                silent_s = time.monotonic() - handle.last_heartbeat
                 if not handle.alive():
                     await self._died(handle, handle.exit_reason())
-                elif now - handle.last_heartbeat > self.heartbeat_timeout_s:
-                    log.error("stage %s missed heartbeats for %.1f s; killing it", handle.name,
-                              now - handle.last_heartbeat)
-                    self.kill(handle)
+                elif silent_s > self.heartbeat_timeout_s:
+                    log.error("stage %s missed heartbeats for %.1f s; killing it", handle.name, silent_s)
+                    handle.kill()
 
     async def _died(self, handle: ActorHandle, reason: str) -> None:
+        """Fail what it held, free what it owned, and restart it: after a backoff of 0.2 s doubling per
+        restart within the window, or, past the budget, after the cool-down and afresh (a rate, as in OTP)."""
         log.error("stage %s died (%s)", handle.name, reason)
         spec = self.graph.stage(handle.stage)
         handle.state = ActorState.RESTARTING
         victims = self._on_death(handle, reason)
-        release_leftovers(self.graph, shm_owner(self.instance, handle.stage, handle.replica),
-                          handle.pid if handle.process is not None else 0)
+        self._release(handle)
         remove_socket(self.run_dir, handle.name)
         self.outbox.reset(handle.name)  # drop what was queued for the dead process
         now = time.monotonic()
         handle.restarts = [t for t in handle.restarts if now - t < spec.restart_window_s]
-        if len(handle.restarts) >= spec.max_restarts:  # a rate, as in OTP: rest, then try again afresh
+        afresh = len(handle.restarts) >= spec.max_restarts
+        if afresh:
             handle.state = ActorState.DOWN
             log.error("stage %s is down: %d restarts within %g s; retrying in %g s", handle.name,
                       len(handle.restarts), spec.restart_window_s, spec.restart_cooldown_s)
-            self._tasks.append(asyncio.create_task(self._restart(handle, spec.restart_cooldown_s, victims, True)))
-        else:  # backoff: 0.2 s, doubling per restart within the window
-            delay = min(0.2 * 2 ** len(handle.restarts), 5.0)
-            self._tasks.append(asyncio.create_task(self._restart(handle, delay, victims)))
+        delay = spec.restart_cooldown_s if afresh else min(0.2 * 2 ** len(handle.restarts), 5.0)
+        self._tasks.append(asyncio.create_task(self._restart(handle, delay, victims, afresh)))
 
-    async def _restart(self, handle: ActorHandle, delay: float, victims: list[str], afresh: bool = False) -> None:
+    async def _restart(self, handle: ActorHandle, delay: float, victims: list[str], afresh: bool) -> None:
         await asyncio.sleep(delay)
         if self._closed:
             return
@@ -256,11 +247,9 @@ class Supervisor:
             await self._await_ready(handle)
         except StageStartError as exc:
             log.error("restart failed: %s", exc)
-            await self._died(handle, str(exc))
-            return
-        for name in self.handles:
-            if name != handle.name:
-                self.outbox.send(name, m.PeerUpdate(handle.stage, handle.replica))
+            return await self._died(handle, str(exc))
+        for name in self.handles.keys() - {handle.name}:
+            self.outbox.send(name, m.PeerUpdate(handle.stage, handle.replica))
         for rid in victims:
             self.outbox.send(handle.name, m.RequestCancel(rid))
         log.warning("stage %s restarted", handle.name)
