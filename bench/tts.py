@@ -69,7 +69,8 @@ def summary(engine: str, kind: str, phase: str, c: int, rows: list[dict], wall: 
             "ttfa_ms_mean": statistics.fmean(ttfa) if ttfa else None, "ttfa_ms_p50": pct(ttfa, 0.5),
             "ttfa_ms_p90": pct(ttfa, 0.9), "rtf_mean": statistics.fmean(rtf) if rtf else None,
             "audio_s_per_s": audio / wall if wall > 0 else None, "audio_s": audio, "wall_s": wall,
-            "errors": [r["error"] for r in rows if not r.get("ok")][:3]}
+            "errors": [r["error"] for r in rows if not r.get("ok")][:3],
+            "ttfa_ms_each": [[r.get("i"), round(r["ttfa_s"] * 1000, 1)] for r in ok]}  # [text index, ms], by finish
 
 
 # ---- omnid ----------------------------------------------------------------------------------
@@ -138,7 +139,7 @@ async def closed_loop(url: str, model: str, voice: str, c: int, n: int, frames: 
         for i in todo:
             if time.monotonic() > deadline:
                 return
-            rows.append(await speak(session, url, model, voice, TEXTS[i % len(TEXTS)] + f" ({i})", frames))
+            rows.append({**await speak(session, url, model, voice, TEXTS[i % len(TEXTS)] + f" ({i})", frames), "i": i})
 
     t0 = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=max(60.0, deadline - t0 + 30))
