@@ -126,7 +126,7 @@ async def speak(session, url: str, model: str, voice: str, text: str, frames: in
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     wall = time.monotonic() - t0
     return {"ok": size > 0, "ttfa_s": first or wall, "wall_s": wall, "audio_s": size / 2 / RATE,
-            "error": None if size else "no audio"}
+            "error": None if size else "no audio", "t0": t0}
 
 
 async def closed_loop(url: str, model: str, voice: str, c: int, n: int, frames: int, deadline: float) -> tuple[list, float]:
