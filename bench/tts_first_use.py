@@ -85,8 +85,39 @@ def instrument_talker(stage) -> None:
     sync = str(engine.config.device).startswith("cuda")
     wrap(engine.runner, "prepare", "talker.prepare", False)
     wrap(engine.runner, "run", "talker.forward", sync)
+    profile_eager_forwards(engine.runner, sync)
     wrap(engine.model, "after_sample", "talker.code_predictor", sync)
     wrap(engine.model, "new_tts_request", "talker.prompt", sync)
+
+
+def profile_eager_forwards(runner, sync: bool) -> None:
+    """Profile every eager forward (prefills: decode steps replay graphs); keep the op table of a slow
+    one, with the allocator's retries (a cudaMalloc that had to free the cache first) around it."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    inner = runner.model.forward
+
+    def forward(batch):
+        stats0 = torch.cuda.memory_stats() if sync else {}
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if sync else [])) as prof:
+            out = inner(batch)
+            if sync:
+                torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) * 1000
+        if ms > 150:
+            stats1 = torch.cuda.memory_stats() if sync else {}
+            delta = {k: stats1.get(k, 0) - stats0.get(k, 0) for k in ("num_alloc_retries", "num_device_alloc",
+                                                                      "num_device_free")}
+            table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+            EVENTS.append({"t": time.monotonic(), "what": "talker.eager_forward", "ms": round(ms, 1),
+                           "rows": int(batch.input_ids.numel()), "allocator": delta})
+            print(f"slow eager forward {ms:.0f} ms, {int(batch.input_ids.numel())} rows, allocator {delta}\n{table}",
+                  flush=True)
+        return out
+
+    runner.model.forward = forward
 
 
 async def main_async(args) -> dict:
@@ -120,6 +151,9 @@ async def main_async(args) -> dict:
             EVENTS.append({"t": time.monotonic(), "what": f"--- {name}"})
             rows, _ = await closed_loop(server.url, model, voice, c, n, args.frames, deadline)
             phases.append((name, rows))
+            talker = (await kernel.stats())["talker.0"]
+            print(f"after {name}: talker", {k: v for k, v in talker.items() if "graph" in k or k == "shapes"},
+                  flush=True)
     finally:
         await server.stop()
         await kernel.stop()
@@ -143,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=int, default=64)
     ap.add_argument("--budget-s", type=float, default=240.0)
     args = ap.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     result = asyncio.run(main_async(args))
     Path(args.out_dir, f"first_use_{args.kind}.json").write_text(json.dumps(result, indent=1))
     for r in result["requests"]:
