@@ -1,5 +1,6 @@
 """The attention front end of the Qwen3 decoders: q/k/v/o projections, per-head q/k RMSNorm,
-then RoPE. The attention itself is the caller's (the paged cache, or SDPA over a small cache).
+then RoPE. The attention itself is the caller's (the paged cache, or SDPA over a small cache);
+every SDPA call of omni goes through `sdpa` here.
 
 On CUDA with triton, q/k norm + RoPE run as one fused kernel (`fused_ops.qk_norm_rope`);
 otherwise `RMSNorm` then `rotary.apply_rope`, the same roundings.
@@ -8,11 +9,24 @@ otherwise `RMSNorm` then `rotary.apply_rope`, the same roundings.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from omni.layers import fused_ops
 from omni.layers.norms import RMSNorm
 from omni.layers.rotary import apply_rope
+
+# cuDNN's SDPA builds an execution plan for every new shape on first use: 0.7-1.1 s on an H200 for a
+# 96-row prefill (bench/tts_first_use.py), paid by each new prompt length a server meets. Flash and
+# memory-efficient attention need no plan; math is the fallback for what neither takes.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """`F.scaled_dot_product_attention` (same arguments) without the cuDNN backend."""
+    with sdpa_kernel(SDPA_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
 class QKVProjection(nn.Module):

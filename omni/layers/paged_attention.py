@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
+from omni.layers.attention import sdpa
 
 
 def allocate_kv_cache(
@@ -118,7 +118,7 @@ def paged_attention(
         q_pad = q.new_zeros(batch * max_q, hq, dim)
         q_pad[meta.pad_rows] = q
         q_pad = q_pad.view(batch, max_q, hq, dim)
-    out = F.scaled_dot_product_attention(
+    out = sdpa(
         q_pad.transpose(1, 2),
         keys.transpose(1, 2).to(q.dtype),
         values.transpose(1, 2).to(q.dtype),

@@ -23,6 +23,7 @@ from omni.kernel.errors import InvalidRequest
 from omni.layers.transformer import PreNormBlock
 from omni.models.qwen3_omni.config import AudioEncoderConfig, load_config
 from omni.models.weights import load_module
+from omni.layers.attention import sdpa
 
 PREFIX = "thinker.audio_tower"
 
@@ -63,7 +64,7 @@ class AudioAttention(nn.Module):
         w, n, d = x.shape
         split = lambda t: t.view(w, n, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
         q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+        out = sdpa(q, k, v, attn_mask=mask[:, None, None, :])
         return self.out_proj(out.transpose(1, 2).reshape(w, n, d))
 
 

@@ -7,7 +7,6 @@ streams at different positions batch together; a per-row mask hides the padding.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from omni.layers.mlp import GatedMLP
@@ -15,6 +14,7 @@ from omni.layers.norms import LayerScale, RMSNorm
 from omni.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
 from omni.models.qwen3_omni.modules.code2wav_layers import StreamBatch
 from omni.models.qwen3_omni.config import Code2WavConfig
+from omni.layers.attention import sdpa
 
 
 class SlidingAttention(nn.Module):
@@ -51,7 +51,7 @@ class SlidingAttention(nn.Module):
         rep = self.heads // self.kv_heads
         keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
         mask = self._mask(st.pos, t, x.device)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.head_dim ** -0.5)
+        out = sdpa(q, keys, values, attn_mask=mask, scale=self.head_dim ** -0.5)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
     def _mask(self, pos: torch.Tensor, t: int, device) -> torch.Tensor:

@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from omni.models.qwen3_omni.config import DecoderConfig
-from omni.layers.attention import QKVProjection
+from omni.layers.attention import QKVProjection, sdpa
 from omni.layers.mlp import GatedMLP
 from omni.layers.norms import RMSNorm
 from omni.layers.rotary import rope_cos_sin, rope_inv_freq
@@ -61,7 +60,7 @@ class _Layer(nn.Module):
 
     def _attend_mlp(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         attn = self.self_attn
-        out = F.scaled_dot_product_attention(
+        out = sdpa(
             q, k, v, is_causal=q.shape[2] > 1, enable_gqa=attn.heads != attn.kv_heads, scale=attn.head_dim**-0.5
         )
         x = x + attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))

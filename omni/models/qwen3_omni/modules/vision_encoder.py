@@ -22,6 +22,7 @@ from omni.layers.mlp import MLP
 from omni.layers.rotary import apply_rope, cos_sin, rope_inv_freq
 from omni.models.qwen3_omni.config import VisionEncoderConfig, load_config
 from omni.models.weights import load_module
+from omni.layers.attention import sdpa
 
 PREFIX = "thinker.visual"
 
@@ -69,7 +70,7 @@ class VisionBlock(nn.Module):
         start = 0
         for size in sizes:  # one attention per frame; padded batching is not worth it here
             sl = slice(start, start + size)
-            o = F.scaled_dot_product_attention(q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1))
+            o = sdpa(q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1))
             outs.append(o.transpose(0, 1).reshape(size, d))
             start += size
         return self.attn.proj(torch.cat(outs))

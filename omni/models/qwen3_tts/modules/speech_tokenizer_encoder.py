@@ -24,6 +24,7 @@ from torch import nn
 from omni.layers.norms import LayerScale
 from omni.models.qwen3_tts.modules.speech_tokenizer import EncoderConfig, load_tokenizer_config
 from omni.models.weights import load_into
+from omni.layers.attention import sdpa
 
 PREFIX = "encoder"
 CODEBOOK_EPS = 1e-5
@@ -114,7 +115,7 @@ class Attention(nn.Module):
         k = k * cos + _rotate_half(k) * sin
         rep = self.heads // self.kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.head_dim ** -0.5)
+        out = sdpa(q, k, v, is_causal=True, scale=self.head_dim ** -0.5)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+from omni.layers.attention import sdpa
 
 SECONDS_PER_FRAME = 0.02  # one encoder output frame
 MEDIAN_WIDTH = 7
@@ -45,7 +46,7 @@ def alignment_weights(net, memory: torch.Tensor, ids: list[int], heads: list[tup
         attn = layer.self_attn
         h = layer.self_attn_layer_norm(x)
         q, k, v = (attn.split(p(h)).transpose(0, 1) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        x = x + attn.out_proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(0, 1).flatten(1))
+        x = x + attn.out_proj(sdpa(q, k, v, is_causal=True).transpose(0, 1).flatten(1))
         cross = layer.encoder_attn
         q = cross.split(cross.q_proj(layer.encoder_attn_layer_norm(x))).transpose(0, 1)  # [H, T, hd]
         k, v = cross.keys_values(memory)

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from omni.kernel.errors import InvalidRequest
@@ -23,6 +22,7 @@ from omni.models.whisper.stages.stats import STATS
 from omni.models.whisper.modules.layers import DecoderLayer, TextDecoder
 from omni.models.weights import load_into
 from omni.stages.ar.model_api import ARModel, ForwardBatch, ForwardOutput, KVCacheSpec
+from omni.layers.attention import sdpa
 
 if TYPE_CHECKING:
     from omni.stages.ar.sequence import Sequence
@@ -116,6 +116,6 @@ class WhisperDecoder(ARModel):
             k, v = span.seq.model_state[CROSS_KV][index]
             qs = q[span.row:span.row + span.num_tokens].transpose(0, 1)  # [heads, n, head_dim]
             # 4-D inputs: torch's CPU SDPA takes a much slower path for 3-D ones (~4x here)
-            rows.append(F.scaled_dot_product_attention(qs[None], k[None], v[None])[0].transpose(0, 1))
+            rows.append(sdpa(qs[None], k[None], v[None])[0].transpose(0, 1))
         return attn.out_proj(torch.cat(rows).flatten(1))
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from omni.layers.transformer import PreNormBlock
 from omni.models.whisper.config import WhisperConfig
+from omni.layers.attention import sdpa
 
 
 class Attention(nn.Module):
@@ -38,7 +39,7 @@ class Attention(nn.Module):
     def full(self, x: torch.Tensor) -> torch.Tensor:
         """Bidirectional self-attention over [B, T, dim]."""
         q, k, v = (self.split(p(x)).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        out = F.scaled_dot_product_attention(q, k, v)
+        out = sdpa(q, k, v)
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
 
