@@ -5,11 +5,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 T0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/whl .whl/*.whl > /tmp/pip.log 2>&1 || tail -3 /tmp/pip.log
-PYTHONPATH=/tmp/whl:$PWD timeout ${GPU_TESTS_S:-200} python3 -m pytest -q -o addopts="" -m gpu -p no:cacheprovider -rA \
-  --continue-on-collection-errors $(grep -l "mark.gpu" tests/*.py) > "$OUT/gpu_tests.log" 2>&1
-echo "gpu tests rc=$? in $(( $(date +%s) - T0 )) s"
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -12
+GPU_TESTS_LINES=12 bash bench/h200/gpu_tests.sh
 PYTHONPATH=/tmp/whl:$PWD timeout 120 python3 bench/tts_first_use.py --out-dir /tmp/fu --kind custom_voice \
   > "$OUT/first_use_custom_voice.log" 2>&1
 echo "probe rc=$?"; grep -E "^(fresh|c=1|kernel)|slow eager" "$OUT/first_use_custom_voice.log" | cut -c1-300
