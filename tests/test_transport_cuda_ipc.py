@@ -123,12 +123,22 @@ def _child(conn) -> None:
             conn.send((peek.item(), waited))
 
 
-def _spawn_child():
+def _spawn_child(target=_child, *args):
+    """A spawned process running `target(conn, *args)`; returns it and our end of the pipe."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_child, args=(child,), daemon=True)
+    proc = ctx.Process(target=target, args=(child, *args), daemon=True)
     proc.start()
     return proc, parent
+
+
+def _reap(proc, writer) -> None:
+    """Kill a child that is still running, close the producer, remove what the child left."""
+    if proc.is_alive():
+        proc.kill()
+        proc.join(10)
+    writer.close()
+    unlink_process_leftovers(proc.pid)
 
 
 def _ask(conn, *msg):
@@ -185,11 +195,7 @@ def test_round_trip_into_a_spawned_process_is_zero_copy(owner):
         proc.join(60)
         assert proc.exitcode == 0
     finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join(10)
-        writer.close()
-        unlink_process_leftovers(proc.pid)
+        _reap(proc, writer)
     assert _leftovers(owner) == []
 
 
@@ -216,11 +222,7 @@ def test_reader_waits_for_the_producers_copy(owner):
         _ask(conn, "done")
         proc.join(60)
     finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join(10)
-        writer.close()
-        unlink_process_leftovers(proc.pid)
+        _reap(proc, writer)
 
 
 @gpu
@@ -368,23 +370,16 @@ def _child_on(conn, device: str) -> None:
 @gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_a_consumer_on_the_second_gpu_reads_the_first_gpus_pool(owner):
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_child_on, args=(child, "cuda:1"), daemon=True)
-    proc.start()
+    proc, parent = _spawn_child(_child_on, "cuda:1")
     writer = CudaIpcChannel.writer(owner, 1 << 20)
     try:
         value = torch.randn(64, 33, device="cuda:0")
         desc = writer.write("x", value)[0]
-        device, digest, copies, peer = _ask(parent, "read", encode(RequestChunk(rid="r", edge="e", payloads=[desc])))
+        device, digest, copies, peer = _ask(parent, "read", encode(RequestChunk(rid="r", edge=0, payloads=[desc])))
         assert device == "cuda:1" and digest == _digest(value) and copies == 1
         assert list(peer) == [(0, 1)]
         print("peer access cuda:1 -> cuda:0:", peer[(0, 1)])
         proc.join(60)
         assert proc.exitcode == 0
     finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join(10)
-        writer.close()
-        unlink_process_leftovers(proc.pid)
+        _reap(proc, writer)

@@ -115,8 +115,9 @@ class Actor:
                     self._send(replica_of(self.graph, dst, msg.rid), msg)
             case m.RequestChunk():
                 data, tokens = self.readers.read(msg, frames)
-                producer = replica_of(self.graph, self.graph.edges[msg.edge].src, msg.rid)
-                self.driver.post(Chunk(msg.rid, self.graph.edges[msg.edge].dst_port, data, msg.edge, producer, tokens))
+                edge = self.graph.edges[msg.edge]
+                producer = replica_of(self.graph, edge.src, msg.rid)
+                self.driver.post(Chunk(msg.rid, edge.dst_port, data, msg.edge, producer, tokens))
             case m.RequestEnd():
                 self.driver.post(End(msg.rid, msg.edge))
             case m.RequestCancel():
@@ -192,17 +193,19 @@ class Actor:
         peer = self._peer(edge, rid)
         while (link := self._link(edge_id, peer)).credits <= 0:
             await self._credit()
-        meta = {k: v for k, v in data.items() if not is_array(v)}
+        meta: dict[str, Any] = {}
         payloads: list[m.PayloadDesc] = []
         frames: list[Any] = []
         try:
             for key, value in data.items():
-                if is_array(value):
-                    desc, extra = await self._write_array(edge, key, value)
-                    if desc.channel == "inline":
-                        desc.frame = len(frames)
-                        frames.extend(extra)
-                    payloads.append(desc)
+                if not is_array(value):
+                    meta[key] = value
+                    continue
+                desc, extra = await self._write_array(edge, key, value)
+                if desc.channel == "inline":
+                    desc.frame = len(frames)
+                    frames.extend(extra)
+                payloads.append(desc)
         except BaseException:  # e.g. one array too large for the arena: the chunk's other slots come back
             self._free_slots(payloads)
             raise

@@ -49,7 +49,8 @@ class FamilyEntry:
     voices: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        extras = [", ".join(self.tasks)] * bool(self.tasks) + [f"voices {', '.join(self.voices)}"] * bool(self.voices)
+        extras = [", ".join(self.tasks)] if self.tasks else []
+        extras += [f"voices {', '.join(self.voices)}"] if self.voices else []
         return f"family:{self.name}" + (f" ({'; '.join(extras)})" if extras else "")
 
 

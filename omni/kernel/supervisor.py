@@ -70,7 +70,8 @@ class ActorHandle:
             code = self.process.poll()
             return f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         if self.task is not None and self.task.done() and not self.task.cancelled():
-            return f"task ended: {self.task.exception()!r}" if self.task.exception() else "task ended"
+            exc = self.task.exception()
+            return f"task ended: {exc!r}" if exc else "task ended"
         return "stopped"
 
     def kill(self) -> None:
