@@ -94,19 +94,23 @@ def apply_penalties(logits: torch.Tensor, seen: torch.Tensor, counts: torch.Tens
 
 
 def warp(logits: torch.Tensor, rows: RowParams, mode: SampleMode) -> torch.Tensor:
-    """Temperature, then top-k and top-p (FILTER mode), then min-p, as transformers' warpers do.
-    Greedy rows are divided by 1 (their token is the argmax before warping)."""
+    """Temperature, then top-k and top-p (FILTER mode), then min-p, as transformers' warpers do,
+    except that top-p's cut is a value: ties with the last kept token are kept (transformers cuts
+    them by sort position). Greedy rows are divided by 1 (their token is the argmax before warping)."""
     t = torch.where(rows.temperature > 0, rows.temperature, torch.ones_like(rows.temperature))
     x = logits / t[:, None]
     vocab = x.shape[-1]
     if mode >= SampleMode.FILTER:
         k = torch.where((rows.top_k <= 0) | (rows.top_k > vocab), torch.full_like(rows.top_k, vocab), rows.top_k)
-        s, order = torch.sort(x, dim=-1)  # ascending, as transformers' top-p
+        s = torch.sort(x, dim=-1).values  # ascending, as transformers' top-p
         kth = s.gather(1, (vocab - k)[:, None])
         s = s.masked_fill(s < kth, NEG_INF)
         remove = s.softmax(-1).cumsum(-1) <= (1.0 - rows.top_p)[:, None]
         remove[:, -1] = False
-        x = torch.empty_like(x).scatter_(1, order, s.masked_fill(remove, NEG_INF))
+        # the smallest value kept, as a threshold: tokens tied with it are all kept, so the result
+        # does not hang on the sort's order of equal values (which differs between devices)
+        cut = s.masked_fill(remove | (s == NEG_INF), float("inf")).amin(-1, keepdim=True)
+        x = x.masked_fill(x < cut, NEG_INF)
     probs = x.softmax(-1)
     floor = rows.min_p[:, None] * probs.amax(-1, keepdim=True)
     return x.masked_fill(probs < floor, NEG_INF)
