@@ -21,7 +21,7 @@ import torch
 from omni.layers import fused_ops
 from omni.layers.norms import RMSNorm
 from omni.layers.rotary import apply_rope, rope_inv_freq
-from omni.models.qwen3_omni.modules.rope import mrope_cos_sin
+from omni.layers.rotary import mrope_cos_sin
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, EXPERTS, TOP_K, LAYERS, EPS = 2048, 32, 4, 128, 128, 8, 48, 1e-6
 

@@ -92,7 +92,8 @@ def write_scaled_hf_checkpoint(out: Path) -> Path:
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
     from omni.models.qwen3_omni.checkpoint.make_tiny import init_talker_experts
-    from omni.models.qwen3_omni.checkpoint.presets_full import build_tokenizer, scaled_config
+    from omni.models.qwen3_omni.checkpoint.presets_full import scaled_config
+    from omni.models.tokenizer_offline_full import build_tokenizer
 
     torch.manual_seed(0)
     model = Qwen3OmniMoeForConditionalGeneration(Qwen3OmniMoeConfig(**scaled_config())).eval()

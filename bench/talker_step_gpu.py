@@ -29,8 +29,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import torch  # noqa: E402
 
-from omni.models.qwen3_omni.modules.code_predictor import CodePredictor, sampled_codes  # noqa: E402
-from omni.models.qwen3_omni.modules.code_predictor_graphs import CodePredictorGraphs  # noqa: E402
+from omni.stages.codec_lm.code_predictor import CodePredictor, sampled_codes  # noqa: E402
+from omni.stages.codec_lm.code_predictor_graphs import CodePredictorGraphs  # noqa: E402
 from omni.models.qwen3_omni.config import load_config  # noqa: E402
 from omni.models.qwen3_omni.checkpoint.presets_full import full_config, scaled_config  # noqa: E402
 from omni.models.qwen3_omni.checkpoint.random_load import random_code2wav, randomize_  # noqa: E402

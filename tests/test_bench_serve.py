@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from omni.models.qwen3_omni.modules.code2wav import samples_for
+from omni.layers.codec.wave_decoder import samples_for
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.graph import build
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny

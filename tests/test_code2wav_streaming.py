@@ -8,7 +8,8 @@ import torch
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import StageContext
-from omni.models.qwen3_omni.modules.code2wav import Code2Wav, samples_for
+from omni.layers.codec.wave_decoder import samples_for
+from omni.models.qwen3_omni.modules.code2wav import Code2Wav
 from omni.models.qwen3_omni.stages.code2wav_stage import Code2WavStage
 from omni.models.qwen3_omni.config import Code2WavConfig
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny

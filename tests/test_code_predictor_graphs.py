@@ -13,10 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from omni.models.qwen3_omni.modules.code_predictor import greedy_codes, sampled_codes
-from omni.models.qwen3_omni.modules.code_predictor_graphs import CodePredictorGraphs
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
-from omni.models.qwen3_omni.modules.talker import TalkerModel, TalkerRequest
+from omni.models.qwen3_omni.modules.talker import TalkerModel
+from omni.stages.codec_lm.code_predictor import greedy_codes, sampled_codes
+from omni.stages.codec_lm.code_predictor_graphs import CodePredictorGraphs
+from omni.stages.codec_lm.request import STATE_KEY, CodecLMRequest
 
 pytest.importorskip("transformers")
 
@@ -90,9 +91,9 @@ def test_batches_past_max_batch_are_refused(talker):
 def _seqs(greedy: list[bool], seed: int):
     seqs = []
     for i, g in enumerate(greedy):
-        req = TalkerRequest(inputs=None, greedy=g, seed=seed + i)
+        req = CodecLMRequest(inputs=None, greedy=g, seed=seed + i)
         params = SimpleNamespace(stop_token_ids=(), max_tokens=100)
-        seqs.append(SimpleNamespace(model_state={"talker": req}, params=params, output_token_ids=[], num_tokens=5))
+        seqs.append(SimpleNamespace(model_state={STATE_KEY: req}, params=params, output_token_ids=[], num_tokens=5))
     return seqs
 
 
@@ -102,7 +103,7 @@ def _after_sample(talker: TalkerModel, greedy: list[bool], seed: int):
     tokens = torch.randint(0, talker.cfg.code2wav.codebook_size, (len(greedy),), generator=gen)
     seqs = _seqs(greedy, seed)
     extras = talker.after_sample(seqs, tokens, hidden)
-    frames = [s.model_state["talker"].frame_embeds[0] for s in seqs]
+    frames = [s.model_state[STATE_KEY].frame_embeds[0] for s in seqs]
     return [e["codes"] for e in extras], frames
 
 

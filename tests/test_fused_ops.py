@@ -237,7 +237,7 @@ def test_norms_match_the_eager_path_in_bf16(tokens, monkeypatch):
 @pytest.mark.parametrize("tokens", [1, 16, 200])
 def test_qk_norm_rope_matches_the_eager_path_in_bf16(tokens, monkeypatch):
     from omni.layers.rotary import rope_inv_freq
-    from omni.models.qwen3_omni.modules.rope import mrope_cos_sin
+    from omni.layers.rotary import mrope_cos_sin
 
     qn, kn = _norm(HEAD_DIM, torch.bfloat16, "cuda", seed=1), _norm(HEAD_DIM, torch.bfloat16, "cuda", seed=2)
     q = _rand(tokens, HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda", seed=3)

@@ -121,3 +121,36 @@ def test_nothing_the_api_app_imports_imports_it_back():
             todo.append(nxt)
     offenders = sorted(m for m in below if "omni.api.app" in top[m] | lazy[m])
     assert not offenders, f"import omni.api.state, not omni.api.app: {offenders}"
+
+
+def _family(module: str) -> str | None:
+    """The family package a module belongs to (omni.models.<family>.…), else None."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["omni", "models"] else None
+
+
+def test_no_family_imports_another():
+    """What two families share lives below them (omni/stages, omni/layers, omni/models' own
+    modules): a family imports no other family, at the top level or in a function."""
+    top, lazy = import_graph()
+    offenders = sorted(f"{m} -> {t}" for m in top for t in top[m] | lazy[m]
+                       if _family(m) and _family(t) and _family(m) != _family(t))
+    assert not offenders, "a family imports another:\n" + "\n".join(offenders)
+
+
+def test_stages_and_layers_import_no_model_family():
+    """The shared talker, code predictor and codec layers live in omni/stages and omni/layers:
+    nothing there imports omni.models (a family or its loaders), lazily or not."""
+    top, lazy = import_graph()
+    offenders = sorted(f"{m} -> {t}" for m in top for t in top[m] | lazy[m]
+                       if m.startswith(("omni.stages", "omni.layers")) and t.startswith("omni.models"))
+    assert not offenders, "shared code imports a model family:\n" + "\n".join(offenders)
+
+
+def test_both_qwen_families_share_one_talker_and_codec():
+    """Qwen3-Omni and Qwen3-TTS subclass the same talker, stage and codec decoder bases."""
+    top, _ = import_graph()
+    for family in ("qwen3_omni", "qwen3_tts"):
+        used = set().union(*(t for m, t in top.items() if _family(m) == family))
+        assert {"omni.stages.codec_lm.model", "omni.stages.codec_lm.stage",
+                "omni.layers.codec.wave_decoder"} <= used, family

@@ -2,7 +2,8 @@
 
 `rope_inv_freq` gives the inverse frequencies (float32), `rope_angles` the angle of each
 position and frequency, `cos_sin` the [..., D] tables (the angles repeated for both halves).
-M-RoPE (Qwen3-Omni's, in its family) mixes per-axis angles between the last two steps.
+`mrope_cos_sin` is the interleaved M-RoPE of Qwen3-Omni's thinker and of every multi-codebook
+talker: per-axis angles mixed between the last two steps.
 """
 
 from __future__ import annotations
@@ -40,3 +41,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """`x` [..., T, heads, D]; cos/sin [..., T, D], broadcast over the head axis."""
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     return x * cos + rotate_half(x) * sin
+
+
+DEFAULT_MROPE_SECTION = (24, 20, 20)  # what transformers silently uses when the config has none
+
+
+def mrope_cos_sin(
+    inv_freq: torch.Tensor, positions: torch.Tensor, section: tuple[int, ...], dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`positions` [3, T] (or [T]: the same on every axis) -> cos, sin [T, head_dim].
+
+    The frequencies are interleaved by axis: frequency pair j uses the height position when
+    j % 3 == 1 and j < 3 * section[1], the width position when j % 3 == 2 and j < 3 * section[2],
+    the temporal one otherwise (transformers' `recomposition_frequencies`)."""
+    if positions.dim() == 1:
+        positions = positions.expand(3, -1)
+    freqs = rope_angles(inv_freq, positions)  # [3, T, D/2]
+    mixed = freqs[0].clone()
+    for axis in (1, 2):
+        idx = slice(axis, section[axis] * 3, 3)
+        mixed[..., idx] = freqs[axis][..., idx]
+    return cos_sin(mixed, dtype)

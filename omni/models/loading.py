@@ -10,8 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from omni.models.weights import CheckpointError
-
-LOAD_FORMATS = ("auto", "safetensors", "random")
+from omni.stages.args import LOAD_FORMATS
 
 
 def load_format(args: Mapping[str, Any]) -> str:

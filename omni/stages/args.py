@@ -122,6 +122,25 @@ class VocoderArgs(StageArgs):
             raise ValueError(f"max_batch must be >= 1 (0: by device), got {self.max_batch}")
 
 
+LOAD_FORMATS = ("auto", "safetensors", "random")
+
+
+@dataclass
+class WeightArgs(StageArgs):
+    """How a model stage gets its weights: a checkpoint directory, or random weights drawn from its
+    config (a family's `load_part` reads these); mix into a kind whose stage loads a model part."""
+
+    model_dir: str = ""  # the checkpoint directory
+    dtype: str = ""  # weights dtype, e.g. "bfloat16"; "" = the part's default
+    load_format: str = "auto"  # "random": weights drawn from the config on the stage's device
+    seed: int = 0  # the random weights' seed
+
+    def check(self) -> None:
+        super().check()
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format {self.load_format!r} is not one of {LOAD_FORMATS}")
+
+
 MOE_BACKENDS = ("", "triton", "grouped", "bmm")
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omni.models.qwen3_omni.config import DecoderConfig
+from omni.layers.configs import DecoderConfig
 from omni.models.weights import CheckpointError
 
 ARCHITECTURE = "Qwen3TTSForConditionalGeneration"

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from omni.models.qwen3_omni.config import DecoderConfig, load_config
+from omni.layers.configs import DecoderConfig
+from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.modules.thinker_layers import text_state_dict
 from omni.models.weights import load_state_dict
 

@@ -20,18 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from omni.models.tokenizer_offline_full import build_tokenizer
+
 PRESET = "qwen3-omni-30b-a3b"
 RANDOM_MARKER = "omni_random.json"  # next to config.json: the stages draw random weights
-
-# Real special-token ids of the Qwen3-Omni vocabulary.
-SPECIAL_IDS = {
-    "<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
-    "<|vision_start|>": 151652, "<|vision_end|>": 151653, "<|vision_pad|>": 151654,
-    "<|image_pad|>": 151655, "<|video_pad|>": 151656,
-    "<|audio_start|>": 151669, "<|audio_end|>": 151670,
-    "<|tts_pad|>": 151671, "<|tts_bos|>": 151672, "<|tts_eos|>": 151673, "<|audio_pad|>": 151675,
-}
-ROLE_IDS = {"user": 872, "system": 8948, "assistant": 77091}
 
 _ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "interleaved": True, "mrope_interleaved": True,
          "mrope_section": [24, 20, 20]}
@@ -146,36 +138,6 @@ def thinker_active_bytes(cfg, bytes_per_param: int = 2) -> int:
             mlp = 3 * t.hidden_size * t.intermediate_size
         total += attn + 2 * t.hidden_size + mlp
     return total * bytes_per_param
-
-
-def build_tokenizer():
-    """A byte-level tokenizer whose special and role tokens sit at the real Qwen3-Omni ids (fillers
-    between), so prompts built from it are valid for the full-size preset. Not the real merges."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import PreTrainedTokenizerFast
-
-    from omni.models.qwen3_omni.checkpoint.tokenizer_offline import CHAT_TEMPLATE, EXTRA_SPECIAL_ATTRS, _byte_of
-
-    size = max(SPECIAL_IDS.values()) + 1
-    vocab = {f"<|filler_{i}|>": i for i in range(size)}
-    named = {**{ch: _byte_of(ch) for ch in ByteLevel.alphabet()}, **ROLE_IDS, **SPECIAL_IDS}
-    for token, i in named.items():
-        del vocab[f"<|filler_{i}|>"]
-        vocab[token] = i
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False, byte_fallback=False))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    core.decoder = decoders.ByteLevel()
-    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_IDS])
-    core.add_tokens([AddedToken(t, special=False, normalized=False) for t in ROLE_IDS])
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  extra_special_tokens=dict(EXTRA_SPECIAL_ATTRS), model_max_length=65536,
-                                  clean_up_tokenization_spaces=False)
-    tok.chat_template = CHAT_TEMPLATE
-    for token, want in {**SPECIAL_IDS, **ROLE_IDS}.items():
-        if tok.convert_tokens_to_ids(token) != want:
-            raise RuntimeError(f"tokenizer put {token!r} at {tok.convert_tokens_to_ids(token)}, expected {want}")
-    return tok
 
 
 def write_random_model_dir(out_dir: str | Path, config: dict[str, Any] | None = None, seed: int = 0) -> Path:

@@ -1,14 +1,11 @@
-"""Qwen3-Omni's interleaved M-RoPE and the 3-D position index of a thinker prompt.
+"""The 3-D (M-RoPE) position index of a Qwen3-Omni thinker prompt; the rotary tables of those
+positions are `omni.layers.rotary.mrope_cos_sin`.
 
 Every token has a (temporal, height, width) position. Text and audio tokens use the same
 number on all three axes, increasing by one per token. An image or video placeholder run
 gets `start + (t * seconds_per_grid * position_id_per_seconds, h, w)` over its merged grid;
 the next token continues at (largest position so far) + 1. Generated tokens sit at
 `index + delta`, with `delta = next position after the prompt - prompt length`.
-
-The rotary frequencies are interleaved by axis: frequency pair j uses the height position
-when j % 3 == 1 and j < 3 * section[1], the width position when j % 3 == 2 and
-j < 3 * section[2], the temporal one otherwise (transformers' `recomposition_frequencies`).
 """
 
 from __future__ import annotations
@@ -18,25 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from omni.kernel.errors import InvalidRequest
-from omni.layers.rotary import cos_sin, rope_angles
-
-DEFAULT_MROPE_SECTION = (24, 20, 20)  # what transformers silently uses when the config has none
-
-
-def mrope_cos_sin(
-    inv_freq: torch.Tensor, positions: torch.Tensor, section: tuple[int, ...], dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`positions` [3, T] (or [T]: the same on every axis) -> cos, sin [T, head_dim]."""
-    if positions.dim() == 1:
-        positions = positions.expand(3, -1)
-    freqs = rope_angles(inv_freq, positions)  # [3, T, D/2]
-    mixed = freqs[0].clone()
-    for axis in (1, 2):
-        idx = slice(axis, section[axis] * 3, 3)
-        mixed[..., idx] = freqs[axis][..., idx]
-    return cos_sin(mixed, dtype)
-
-
 @dataclass(frozen=True)
 class VisionGrid:
     """One image or video in the prompt: its patch grid and, for videos, seconds per grid step."""

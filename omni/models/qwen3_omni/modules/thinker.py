@@ -35,8 +35,8 @@ from torch import nn
 from omni.kernel.errors import InvalidRequest
 from omni.models.qwen3_omni.config import ThinkerConfig, load_config
 from omni.layers.norms import RMSNorm
-from omni.layers.rotary import rope_inv_freq
-from omni.models.qwen3_omni.modules.rope import DEFAULT_MROPE_SECTION, RopeTokens, VisionGrid, mrope_cos_sin, rope_index
+from omni.layers.rotary import DEFAULT_MROPE_SECTION, mrope_cos_sin, rope_inv_freq
+from omni.models.qwen3_omni.modules.rope import RopeTokens, VisionGrid, rope_index
 from omni.models.qwen3_omni.modules.thinker_layers import DecoderLayer, text_state_dict
 from omni.models.weights import CheckpointError, load_state_dict
 from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput, KVCacheSpec

@@ -18,7 +18,7 @@ from omni.layers.attention import QKVProjection
 from omni.layers.mlp import GatedMLP
 from omni.layers.moe import SparseMoE
 from omni.layers.norms import RMSNorm
-from omni.models.qwen3_omni.config import DecoderConfig
+from omni.layers.configs import DecoderConfig
 from omni.stages.ar.model_api import ForwardBatch
 
 

@@ -5,24 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni.models.loading import LOAD_FORMATS
 from omni.stages.ar.args import ARArgs
-from omni.stages.args import EncoderArgs, LayerArgs, StageArgs, VocoderArgs
-
-
-@dataclass
-class WeightArgs(StageArgs):
-    """How a model stage gets its weights (checkpoint/random_load.py)."""
-
-    model_dir: str = ""  # the Qwen3-Omni checkpoint directory
-    dtype: str = ""  # weights dtype, e.g. "bfloat16"; "" = the part's default
-    load_format: str = "auto"  # "random": weights drawn from the config on the stage's device
-    seed: int = 0  # the random weights' seed
-
-    def check(self) -> None:
-        super().check()
-        if self.load_format not in LOAD_FORMATS:
-            raise ValueError(f"load_format {self.load_format!r} is not one of {LOAD_FORMATS}")
+from omni.stages.args import EncoderArgs, LayerArgs, StageArgs, VocoderArgs, WeightArgs
+from omni.stages.codec_lm.args import CodecLMArgs
 
 
 @dataclass
@@ -54,8 +39,5 @@ class ThinkerArgs(WeightArgs, LayerArgs, ARArgs):
 
 
 @dataclass
-class TalkerArgs(WeightArgs, LayerArgs, ARArgs):
-    """stages/talker_stage.py."""
-
-    model: Any = None  # in-process only: a built TalkerModel instead of model_dir
-    speaker: str = ""  # the voice of requests that name none; "" = the model's default
+class TalkerArgs(CodecLMArgs):
+    """stages/talker_stage.py: the shared multi-codebook talker's args (`model`: a built TalkerModel)."""

@@ -1,4 +1,5 @@
-"""`TalkerStage`: the talker on the AR engine, fed by the thinker's hidden-state stream.
+"""`TalkerStage`: the Qwen3-Omni talker on the AR engine (the shared `CodecLMStage`), fed by the
+thinker's hidden-state stream.
 
 Per request: `open` takes the voice (`params["voice"]` or `params["speaker"]`) and the talker's sampling
 (`params["sampling"]["talker"]`: temperature, top_k, top_p, repetition_penalty, max_tokens,
@@ -14,12 +15,11 @@ thinker row they need arrives, or `close_input` says the thinker is done. A requ
 modalities leave audio out ends at once, without work.
 
 Each step emits Emit(rid, "codes", {"codes": int64 [1, num_code_groups]}) per new frame
-and Emit(rid, finish=True) at codec EOS or max_tokens.
+and Emit(rid, finish=True) at codec EOS or max_tokens (`CodecLMStage.emits_for`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -27,30 +27,17 @@ import numpy as np
 import torch
 
 from omni.kernel.errors import InvalidRequest
-from omni.kernel.stage import Emit, StageContext
-from omni.models.qwen3_omni.request import voice_of, wants_audio
-from omni.models.qwen3_omni.modules.rope import VisionGrid
-from omni.layers.fused_ops import use_fused_ops
-from omni.layers.moe_routed import use_moe_backend
+from omni.kernel.stage import Emit
 from omni.models.loading import load_part
 from omni.models.qwen3_omni.checkpoint.random_load import random_part
-from omni.models.qwen3_omni.modules.talker import TalkerModel, TalkerRequest
+from omni.models.qwen3_omni.modules.rope import VisionGrid
+from omni.models.qwen3_omni.modules.talker import TalkerModel
+from omni.models.qwen3_omni.request import voice_of, wants_audio
 from omni.models.qwen3_omni.stages.args import TalkerArgs
-from omni.stages.ar.engine import StepOutput
-from omni.stages.ar.sequence import SamplingParams
-from omni.stages.ar.stage import ARStage
+from omni.stages.codec_lm.request import STATE_KEY
+from omni.stages.codec_lm.stage import CodecLMStage, CodecLMStream
 
-# transformers' `generate` defaults for the talker
-DEFAULT_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05, "max_tokens": 4096}
 DEFAULT_SPEAKER = "ethan"
-
-
-@dataclass
-class _Stream:
-    request: TalkerRequest
-    sampling: SamplingParams
-    submitted: bool = False
-
 
 GRID_KEYS = {"image_grid_thw", "video_grid_thw"}
 THINKER_KEYS = {"embed", "layer_0"}
@@ -73,22 +60,11 @@ def _tensor(value: Any) -> torch.Tensor:
     return torch.from_numpy(np.array(value, copy=True))
 
 
-class TalkerStage(ARStage):
-    codes_port = "codes"
+class TalkerStage(CodecLMStage):
     sampling_key = "talker"
     Args = TalkerArgs
 
-    def __init__(self, ctx: StageContext) -> None:
-        super().__init__(ctx)
-        self.model: TalkerModel | None = None
-        self._streams: dict[str, _Stream] = {}
-
     # ---- set-up ---------------------------------------------------------------------
-    def setup(self) -> None:
-        use_fused_ops(self.ctx.args.fused_ops)  # once per process, before any forward
-        use_moe_backend(self.ctx.args.moe_backend)
-        super().setup()
-
     def build_model(self) -> TalkerModel:
         """`args.model` (a built TalkerModel, in-process) or `args.model_dir`."""
         args = self.ctx.args
@@ -101,12 +77,8 @@ class TalkerStage(ARStage):
         return model
 
     def engine_ready(self) -> None:
-        self.model = self.engine.model
-        self.model.max_model_len = self.engine.config.max_model_len
+        super().engine_ready()
         self._accept = self.model.cfg.talker.accept_hidden_layer
-        cfg = self.engine.config
-        if cfg.cuda_graphs:  # the code predictor's 15-step loop as one CUDA graph per batch bucket
-            self.model.use_predictor_graphs(cfg.cuda_graph_max_batch or cfg.max_num_seqs)
 
     # ---- requests -------------------------------------------------------------------
     def open(self, rid: str, params: dict[str, Any]) -> None:
@@ -121,7 +93,7 @@ class TalkerStage(ARStage):
         except InvalidRequest as exc:
             self._errors.append(Emit(rid, error=str(exc), error_kind=exc.kind))
             return
-        self._streams[rid] = _Stream(req, sampling)
+        self._streams[rid] = CodecLMStream(req, sampling)
 
     def warm_requests(self) -> list:
         """A user turn of each prefill bucket's length and an assistant turn, with zero thinker rows,
@@ -136,22 +108,6 @@ class TalkerStage(ARStage):
             out.append((params, [("hidden", chunk)]))
         return out
 
-    def sampling_params(self, params: dict[str, Any]) -> SamplingParams:
-        """transformers' talker defaults, then `args.default_sampling`, then the request's
-        `params["sampling"]["talker"]`; codec EOS stops (with `ignore_eos` it is suppressed instead, so the
-        talker makes exactly max_tokens frames), the codec specials are suppressed and
-        the repetition penalty covers generated codes only, as in transformers."""
-        merged = {**DEFAULT_SAMPLING, **self.ctx.args.default_sampling}
-        merged.update((params.get("sampling") or {}).get(self.sampling_key) or {})
-        if merged.get("ignore_eos"):  # exactly max_tokens frames: codec EOS is never sampled
-            merged["stop_token_ids"] = ()
-            merged["suppress_token_ids"] = (self.model.ids.codec_eos,)
-        else:
-            merged["stop_token_ids"] = (self.model.ids.codec_eos,)
-        # the other codec specials: the model's SuppressTokens processor
-        merged["penalty_includes_prompt"] = False
-        return SamplingParams.from_dict(merged)
-
     def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
         stream = self._streams.get(rid)
         if stream is None:
@@ -161,7 +117,7 @@ class TalkerStage(ARStage):
         except InvalidRequest as exc:
             self._fail(rid, exc)
 
-    def _feed(self, rid: str, stream: _Stream, data: dict[str, Any]) -> None:
+    def _feed(self, rid: str, stream: CodecLMStream, data: dict[str, Any]) -> None:
         inputs = stream.request.inputs
         if GRID_KEYS & data.keys():
             inputs.add_grids(_grids(data.get("image_grid_thw")),
@@ -186,12 +142,12 @@ class TalkerStage(ARStage):
         inputs.feed(_tensor(embed), _tensor(hidden))
         self._maybe_submit(rid, stream)
 
-    def _maybe_submit(self, rid: str, stream: _Stream) -> None:
+    def _maybe_submit(self, rid: str, stream: CodecLMStream) -> None:
         prefill = stream.request.inputs.prefill
         if stream.submitted or prefill is None:
             return
         prompt = [self.model.placeholder_id] * int(prefill.shape[0])
-        self.engine.add_request(rid, prompt, stream.sampling, inputs={"talker": stream.request})
+        self.engine.add_request(rid, prompt, stream.sampling, inputs={STATE_KEY: stream.request})
         stream.submitted = True
 
     def close_input(self, rid: str) -> None:
@@ -205,32 +161,3 @@ class TalkerStage(ARStage):
             # The thinker ended before its first generated token had a row: nothing to say.
             self._streams.pop(rid)
             self._errors.append(Emit(rid, finish=True))
-
-    def abort(self, rid: str) -> None:
-        self._streams.pop(rid, None)
-        super().abort(rid)
-
-    def _fail(self, rid: str, exc: InvalidRequest) -> None:
-        self.abort(rid)
-        self._errors.append(Emit(rid, error=str(exc), error_kind=exc.kind))
-
-    # ---- stepping -------------------------------------------------------------------
-    def emits_for(self, out: StepOutput) -> list[Emit]:
-        emits = []
-        codes = (out.extra or {}).get("codes")
-        if codes is not None:
-            frame = np.asarray(codes, dtype=np.int64).reshape(1, -1)
-            emits.append(Emit(out.rid, self.codes_port, {"codes": frame}))
-        if out.finished:
-            self._streams.pop(out.rid, None)
-            emits.append(Emit(out.rid, finish=True))
-        return emits
-
-    def backlog(self) -> int:
-        waiting = len(self.engine.scheduler.waiting) if self.engine else 0
-        return waiting + sum(not s.submitted for s in self._streams.values())
-
-    def stats(self) -> dict[str, Any]:
-        graphs = getattr(self.model, "predictor_graphs", None)
-        extra = {f"predictor_{k}": v for k, v in graphs.stats().items()} if graphs is not None else {}
-        return {**super().stats(), "streams": len(self._streams), **extra}

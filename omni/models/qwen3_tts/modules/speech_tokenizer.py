@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omni.models.qwen3_omni.config import Code2WavConfig
+from omni.layers.configs import WaveDecoderConfig
 from omni.models.weights import CheckpointError
 
 MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
@@ -34,9 +34,9 @@ _ENCODER = dict(sampling_rate=24000, audio_channels=1, hidden_size=512, num_filt
 
 
 @dataclass(frozen=True)
-class DecoderConfig(Code2WavConfig):
-    """Qwen3-Omni's Code2WavConfig (the shared streaming layers, qwen3_omni.modules.code2wav_*, read
-    it) plus the 12 Hz decoder's own widths."""
+class DecoderConfig(WaveDecoderConfig):
+    """The shared streaming decoder's config (omni.layers.codec reads it) plus the 12 Hz decoder's
+    own widths."""
 
     codebook_dim: int = 0  # the RVQ output width (pre_conv's input)
     latent_dim: int = 0  # the convolutional width between pre_conv and the waveform decoder

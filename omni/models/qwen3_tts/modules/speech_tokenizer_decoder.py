@@ -3,8 +3,9 @@
 It is Qwen3-Omni's code2wav with another front: a split residual VQ (one semantic codebook, the
 rest acoustic, each half with a 1x1 output projection) and a causal conv (`pre_conv`) instead of
 code2wav's averaged embedding, pre-transformer in/out projections, and transposed convs trimmed
-on the right only. So the streaming machinery is code2wav's (`StreamingWaveDecoder`): each layer
-keeps its own left context and T frames give exactly T * 1920 samples, as the full decode has them.
+on the right only. So the streaming machinery is the shared one (`omni.layers.codec`'s
+`StreamingWaveDecoder`): each layer keeps its own left context and T frames give exactly T * 1920
+samples, as the full decode has them.
 
 The reference decodes more than 300 frames in 300-frame windows with 25 frames of left context,
 an approximation of this full causal decode; up to 300 frames the two are the same computation.
@@ -18,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni.models.qwen3_omni.modules.code2wav import StreamingWaveDecoder
-from omni.models.qwen3_omni.modules.code2wav_layers import CausalConv, StreamBatch
+from omni.layers.codec.streaming_layers import CausalConv, StreamBatch
+from omni.layers.codec.wave_decoder import StreamingWaveDecoder
 from omni.models.qwen3_tts.modules.speech_tokenizer import DecoderConfig, load_tokenizer_config
 from omni.models.weights import INDEX_FILE, SINGLE_FILE, CheckpointError, load_into
 

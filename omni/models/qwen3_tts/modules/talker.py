@@ -1,8 +1,9 @@
-"""The Qwen3-TTS talker as an AR-engine model: Qwen3-Omni's talker with a dense decoder.
+"""The Qwen3-TTS talker as an AR-engine model: the shared multi-codebook talker over a dense decoder.
 
-Everything per step is Qwen3-Omni's (`TalkerModel`: forward over the paged cache, codec head,
-the code predictor filling groups 1..G-1 right after each group-0 sample, frame sums fed
-back with the trailing text row, CUDA graphs of the predictor); what differs is built here:
+Everything per step is the shared talker's (`omni.stages.codec_lm.CodecLM`: forward over the
+paged cache, codec head, the code predictor filling groups 1..G-1 right after each group-0
+sample, frame sums fed back with the trailing text row, CUDA graphs of the predictor); what
+differs is built here:
   - each layer's MLP is a dense SwiGLU (no experts);
   - the talker owns its text embedding table and `text_projection` (no thinker), and the
     prompt rows come from `prompt.build_prompt`, not from thinker states;
@@ -26,19 +27,18 @@ from omni.kernel.errors import InvalidRequest
 from omni.layers.attention import QKVProjection
 from omni.layers.mlp import MLP, GatedMLP
 from omni.layers.norms import RMSNorm
-from omni.layers.rotary import rope_inv_freq
-from omni.models.qwen3_omni.modules.code_predictor import CodePredictor
-from omni.models.qwen3_omni.modules.rope import DEFAULT_MROPE_SECTION
-from omni.models.qwen3_omni.modules.talker import SUPPRESSED_SPAN, TalkerModel, TalkerRequest
+from omni.layers.rotary import DEFAULT_MROPE_SECTION, rope_inv_freq
 from omni.models.qwen3_tts.config import Qwen3TTSConfig, load_config
 from omni.models.qwen3_tts.modules.prompt import PromptEmbedders, PromptSpec, build_prompt
 from omni.models.weights import load_state_dict, load_weights
-from omni.stages.ar.sampler import SuppressTokens
+from omni.stages.codec_lm.code_predictor import CodePredictor
+from omni.stages.codec_lm.model import SUPPRESSED_SPAN, CodecLM
+from omni.stages.codec_lm.request import STATE_KEY, CodecLMRequest
 
 
 @dataclass(frozen=True)
 class _Ids:
-    """The ids Qwen3-Omni's talker code reads (`codec_eos`, `codec_pad`)."""
+    """The ids the shared talker code reads (`codec_eos`, `codec_pad`)."""
 
     codec_eos: int
     codec_pad: int
@@ -66,14 +66,14 @@ class _Decoder(nn.Module):
         self.text_embedding = nn.Embedding(cfg.text_vocab_size, cfg.text_hidden_size)
 
 
-class TTSTalkerModel(TalkerModel):
-    """`TalkerModel`'s engine interface over the Qwen3-TTS talker (see the module docstring)."""
+class TTSTalkerModel(CodecLM):
+    """`CodecLM`'s engine interface over the Qwen3-TTS talker (see the module docstring)."""
 
     # the code predictor's filters when it samples (generation_config's subtalker_top_k / _top_p)
     predictor_top_k, predictor_top_p = 50, 1.0
 
     def __init__(self, cfg: Qwen3TTSConfig) -> None:
-        nn.Module.__init__(self)  # TalkerModel.__init__ reads a Qwen3-Omni config: the parts are built here
+        nn.Module.__init__(self)  # the parts CodecLM steps with are built here
         c = cfg.talker
         self.cfg, self.text_cfg = cfg, c
         self.ids = _Ids(cfg.codec.eos, cfg.codec.pad)
@@ -111,19 +111,16 @@ class TTSTalkerModel(TalkerModel):
         """`tensors`: checkpoint names under `talker.` (prefix stripped)."""
         load_weights(self, tensors, "")
 
-    def logits_processors(self) -> list:
-        return [SuppressTokens(self.suppress_token_ids, self.text_cfg.vocab_size, self.codec_head.weight.device)]
-
     def prefix_key(self, seq, start: int, end: int) -> bytes | None:
         return None
 
     def prepare(self, seq, inputs) -> None:
-        req = inputs.get("talker")
-        if not isinstance(req, TalkerRequest):
-            raise InvalidRequest("TTS talker sequences need a TalkerRequest")
+        req = inputs.get(STATE_KEY)
+        if not isinstance(req, CodecLMRequest):
+            raise InvalidRequest("TTS talker sequences need a CodecLMRequest")
         if len(seq.prompt_token_ids) != req.prefill_len:
             raise InvalidRequest("talker prompt length differs from its prefill rows")
-        seq.model_state["talker"] = req
+        seq.model_state[STATE_KEY] = req
 
     # ---- prompts ----------------------------------------------------------------------
     def embedders(self) -> PromptEmbedders:
@@ -143,7 +140,7 @@ class TTSTalkerModel(TalkerModel):
 
     @torch.no_grad()
     def new_tts_request(self, spec: PromptSpec, greedy: bool, seed: int | None,
-                        predictor_temperature: float = 0.9) -> TalkerRequest:
+                        predictor_temperature: float = 0.9) -> CodecLMRequest:
         device = self.codec_head.weight.device
         if spec.spk_embedding is not None:
             spec.spk_embedding = torch.as_tensor(spec.spk_embedding).to(device, self.codec_head.weight.dtype)
@@ -156,4 +153,4 @@ class TTSTalkerModel(TalkerModel):
                 raise InvalidRequest("reference codes are outside the codebook")
         prompt = build_prompt(self.cfg, spec, self.embedders(), device)
         predictor_seed = (int(seed) + 1) if seed is not None else random.getrandbits(31)
-        return TalkerRequest(prompt, greedy, predictor_seed, predictor_temperature=predictor_temperature)
+        return CodecLMRequest(prompt, greedy, predictor_seed, predictor_temperature=predictor_temperature)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omni.models.qwen3_omni.stages.args import TalkerArgs
 from omni.stages.args import StageArgs, VocoderArgs, positive
+from omni.stages.codec_lm.args import CodecLMArgs
 
 
 @dataclass
@@ -21,8 +21,8 @@ class TTSPreprocessArgs(StageArgs):
 
 
 @dataclass
-class TTSTalkerArgs(TalkerArgs):
-    """stages/talker_stage.py: Qwen3-Omni's talker args plus the code predictor's sampling."""
+class TTSTalkerArgs(CodecLMArgs):
+    """stages/talker_stage.py: the shared talker's args plus the code predictor's sampling."""
 
     predictor_temperature: float = 0.9  # the code predictor's temperature (0: greedy)
     predictor_top_k: int | None = None  # its top-k; None = the model's

@@ -1,4 +1,4 @@
-"""`TTSTalkerStage`: the Qwen3-TTS talker on the AR engine (Qwen3-Omni's `TalkerStage` otherwise).
+"""`TTSTalkerStage`: the Qwen3-TTS talker on the AR engine (the shared `CodecLMStage` otherwise).
 
 Inputs per request: port `prompt` from the preprocess stage ({"input_ids", "instruct_ids",
 "ref_ids", "language", "speaker", "non_streaming"}) and, for a Base checkpoint, port `voice`
@@ -11,7 +11,7 @@ reference's `min_new_tokens=2` holds (codec EOS cannot come first or second).
 
 Emits on `codes`: {"ref_codes": [T, G]} first for an in-context clone (the codec decodes the
 reference frames as left context and drops their audio, as the reference does), then
-{"codes": int64 [1, G]} per frame (Qwen3-Omni's emits), then finish at codec EOS / max_tokens.
+{"codes": int64 [1, G]} per frame (the shared stage's emits), then finish at codec EOS / max_tokens.
 """
 
 from __future__ import annotations
@@ -23,18 +23,19 @@ import torch
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, StageContext
-from omni.models.qwen3_omni.stages.talker_stage import TalkerStage, _Stream
 from omni.models.loading import load_part
 from omni.models.qwen3_tts.modules.prompt import PromptSpec
 from omni.models.qwen3_tts.modules.talker import TTSTalkerModel
 from omni.models.qwen3_tts.request import load_tokenizer, ref_text, tokenize
 from omni.models.qwen3_tts.stages.args import TTSTalkerArgs
 from omni.stages.ar.sequence import SamplingParams
+from omni.stages.codec_lm.request import STATE_KEY
+from omni.stages.codec_lm.stage import CodecLMStage, CodecLMStream
 
 MIN_NEW_TOKENS = 2  # the reference's generate: codec EOS is suppressed for the first two codes
 
 
-class TTSTalkerStage(TalkerStage):
+class TTSTalkerStage(CodecLMStage):
     codes_port = "codes"
     sampling_key = "talker"
     Args = TTSTalkerArgs
@@ -118,8 +119,8 @@ class TTSTalkerStage(TalkerStage):
         if ref_codes is not None:
             self._errors.append(Emit(rid, self.codes_port, {"ref_codes": ref_codes.numpy().astype(np.int64)}))
         self.engine.add_request(rid, [self.model.placeholder_id] * req.prefill_len, sampling,
-                                inputs={"talker": req})
-        self._streams[rid] = _Stream(req, sampling, submitted=True)
+                                inputs={STATE_KEY: req})
+        self._streams[rid] = CodecLMStream(req, sampling, submitted=True)
 
     def _ref_ids(self, voice: dict[str, Any]) -> list[int]:
         """The reference transcript's ids, in the reference's format (tokenized here: an uploaded

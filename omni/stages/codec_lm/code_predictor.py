@@ -14,12 +14,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-from omni.models.qwen3_omni.config import DecoderConfig
 from omni.layers.attention import QKVProjection, sdpa
+from omni.layers.configs import DecoderConfig
 from omni.layers.mlp import GatedMLP
 from omni.layers.norms import RMSNorm
 from omni.layers.rotary import rope_cos_sin, rope_inv_freq
-from omni.models.weights import load_weights
 from omni.stages.ar.sampler import RowParams, SampleMode, sample_rows
 
 # Sampling used by transformers for the code predictor when the talker samples.
@@ -105,9 +104,6 @@ class CodePredictor(nn.Module):
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """Input rows at `embed_dim` -> the predictor's width."""
         return x if self.small_to_mtp_projection is None else self.small_to_mtp_projection(x)
-
-    def load(self, tensors, prefix: str = "code_predictor.") -> None:
-        load_weights(self, tensors, prefix)
 
     @torch.no_grad()
     def predict(self, past_hidden: torch.Tensor, code0_embed: torch.Tensor, sample: CodeSampler) -> tuple[torch.Tensor, torch.Tensor]:

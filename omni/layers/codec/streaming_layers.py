@@ -1,8 +1,9 @@
-"""Streaming building blocks of Qwen3-Omni's code2wav: every layer is causal and carries its
-left context in a `StreamBatch`, so decoding frames chunk by chunk gives the full decode.
+"""Streaming building blocks of the codec decoder (`wave_decoder`): every layer is causal and
+carries its left context in a `StreamBatch`, so decoding frames chunk by chunk gives the full decode.
 
-Parameter names match the published checkpoint (`code2wav.` prefix). A fresh state is the
-zero padding the full decode uses, so the full decode is one call from a fresh state.
+Parameter names match the published checkpoints (Qwen3-Omni's `code2wav.`, Qwen3-TTS's
+`decoder.`). A fresh state is the zero padding the full decode uses, so the full decode is one
+call from a fresh state.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""code2wav's pre-transformer: causal sliding-window attention with a rolling KV cache.
+"""The codec decoder's pre-transformer: causal sliding-window attention with a rolling KV cache.
 
 Each stream keeps the keys/values of its last `window - 1` frames, padded to that fixed size so
 streams at different positions batch together; a per-row mask hides the padding.
@@ -12,13 +12,13 @@ from torch import nn
 from omni.layers.mlp import GatedMLP
 from omni.layers.norms import LayerScale, RMSNorm
 from omni.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
-from omni.models.qwen3_omni.modules.code2wav_layers import StreamBatch
-from omni.models.qwen3_omni.config import Code2WavConfig
 from omni.layers.attention import sdpa
+from omni.layers.codec.streaming_layers import StreamBatch
+from omni.layers.configs import WaveDecoderConfig
 
 
 class SlidingAttention(nn.Module):
-    def __init__(self, cfg: Code2WavConfig):
+    def __init__(self, cfg: WaveDecoderConfig):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.window = cfg.sliding_window
@@ -67,7 +67,7 @@ class SlidingAttention(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    def __init__(self, cfg: Code2WavConfig):
+    def __init__(self, cfg: WaveDecoderConfig):
         super().__init__()
         self.self_attn = SlidingAttention(cfg)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
@@ -84,7 +84,7 @@ class TransformerLayer(nn.Module):
 class PreTransformer(nn.Module):
     """With `io_dim` (Qwen3-TTS), linear maps io_dim -> hidden_size before the layers and back after."""
 
-    def __init__(self, cfg: Code2WavConfig, io_dim: int | None = None):
+    def __init__(self, cfg: WaveDecoderConfig, io_dim: int | None = None):
         super().__init__()
         self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
