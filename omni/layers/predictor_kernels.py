@@ -225,6 +225,10 @@ if triton is not None:
                 tl.store(next_ptr + b * stride_next + h0 + hofs, row, mask=hm)
 
 
+# the linear kernel's tiling: (BN for N <= 2048, BN above, BK, warps, stages); bench/predictor_fused_gpu.py sweeps it
+LINEAR_TILES = [16, 32, 128, 4, 3]
+
+
 def _rows_view(x: torch.Tensor, name: str) -> torch.Tensor:
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"{name}: expected a 2-D tensor with unit last stride, got {tuple(x.shape)} {x.stride()}")
@@ -247,14 +251,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor |
     if m == 0:
         return out
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
-    bn = 32 if n > 2048 else 16
+    bn_small, bn_large, bk, warps, stages = LINEAR_TILES
+    bn = bn_large if n > 2048 else bn_small
     grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
     _linear_kernel[grid](
         x, weight, norm_weight if norm_weight is not None else weight, bias if bias is not None else weight,
         residual if residual is not None else out, out, m, n, x.stride(0),
         residual.stride(0) if residual is not None else 0, out.stride(0), eps,
         K=k, NORM=norm_weight is not None, GLU=glu, BIAS=bias is not None, RESID=residual is not None,
-        IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=128 if k >= 128 else 32, num_warps=4, num_stages=3)
+        IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=bk if k >= bk else 32, num_warps=warps, num_stages=stages)
     return out
 
 
