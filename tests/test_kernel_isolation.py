@@ -32,7 +32,7 @@ def test_payload_larger_than_the_arena_fails_only_its_request(mode):
 
     live, after, stats, pid, pid_after, health = asyncio.run(main())
     assert len(live["tokens"]) == 20 and len(after["tokens"]) == 3
-    assert pid_after == pid and stats["encoder.0"]["restarts"] == 0 and set(health.values()) == {"up"}
+    assert pid_after == pid and stats["encoder.0"]["restarts_in_window"] == 0 and set(health.values()) == {"up"}
     assert stats["encoder.0"]["in_flight"] == 0
 
 
@@ -120,7 +120,7 @@ def test_a_prompt_longer_than_the_context_fails_alone_before_any_work(mode):
             await asyncio.sleep(0.05)
             with pytest.raises(InvalidRequest, match="context"):
                 await kernel.submit({"prompt": "x" * (30 << 20), "max_tokens": 2}).collect()
-            return await live, pid == kernel.pid_of("encoder"), (await kernel.stats())["encoder.0"]["restarts"]
+            return await live, pid == kernel.pid_of("encoder"), (await kernel.stats())["encoder.0"]["restarts_in_window"]
 
     live, same_pid, restarts = asyncio.run(main())
     assert len(live["tokens"]) == 20 and same_pid and restarts == 0

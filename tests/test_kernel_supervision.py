@@ -60,7 +60,7 @@ def test_sigkill_mid_request_fails_inflight_restarts_and_serves_again():
     errors, after, stats, idle, instance, old_pid, new_pid = asyncio.run(main())
     assert max(errors) < 2.0
     assert all(len(r["tokens"]) == 6 for r in after)
-    assert stats["generator.0"]["restarts"] == 1 and new_pid != old_pid
+    assert stats["generator.0"]["restarts_in_window"] == 1 and new_pid != old_pid
     assert set(idle.values()) == {0}  # the other stages freed the failed requests
     assert not shm_segments(instance)
     assert not _pid_alive(new_pid)

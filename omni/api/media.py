@@ -14,6 +14,7 @@ import base64
 import binascii
 import io
 import logging
+import re
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -175,7 +176,8 @@ def _check_image(raw: bytes, param: str, limits: MediaLimits) -> bytes:
     except ApiError:
         raise
     except Exception as exc:
-        raise bad_request(f"{param}: not a readable image ({type(exc).__name__}: {exc})", param=param,
+        reason = re.sub(r"<[^<>]* at 0x[0-9a-f]+>", "the image", str(exc))  # no object reprs in messages
+        raise bad_request(f"{param}: not a readable image ({type(exc).__name__}: {reason})", param=param,
                           code="invalid_image") from None
     return raw
 

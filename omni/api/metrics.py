@@ -21,7 +21,9 @@ _SKIP = {"time"}  # stage fields that are not measurements
 
 
 class _StageCollector:
-    """Turns the last `kernel.stats()` snapshot into gauges (and a restarts counter) per stage."""
+    """Turns the last `kernel.stats()` snapshot into metrics per stage: fields named `*_total` are
+    counters (the kernel keeps them monotone), the rest gauges. A replica that is not up reports
+    pid 0, which is left out: a down stage shows no PID."""
 
     def __init__(self) -> None:
         self.snapshot: dict[str, dict] = {}
@@ -32,9 +34,11 @@ class _StageCollector:
             for key, value in sorted((fields or {}).items()):
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or key in _SKIP:
                     continue
+                if key == "pid" and not value:
+                    continue
                 name = "omni_stage_" + re.sub(r"[^a-zA-Z0-9_]", "_", key).strip("_").lower()
                 if name not in families:
-                    if key.startswith("restart"):
+                    if name.endswith("_total"):
                         families[name] = CounterMetricFamily(name.removesuffix("_total"),
                                                              f"stage {key} (from the kernel)", labels=["stage"])
                     else:

@@ -30,7 +30,7 @@ import numpy as np
 from omni.api.errors import ApiError, bad_request
 
 log = logging.getLogger("omni.api.voices")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: `$` would let a final newline through
 DEFAULT_MAX_BYTES = 256 << 20
 
 

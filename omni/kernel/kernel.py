@@ -20,6 +20,7 @@ import logging
 import shutil
 import time
 import uuid
+from dataclasses import asdict
 from typing import Any
 
 from omni.kernel import messages as m
@@ -218,7 +219,8 @@ class Kernel:
         for name, stats in (await self._query(timeout_s)).items():
             handle = self.supervisor.handles[name]
             out[name] = {**(stats or handle.last_stats), "state": handle.state.value,
-                         "restarts": len(handle.restarts), "pid": handle.pid}
+                         "up": int(handle.state is ActorState.UP), "down": int(handle.state is ActorState.DOWN),
+                         "restarts_in_window": len(handle.restarts), **asdict(handle.counts), "pid": handle.live_pid}
         out["kernel"] = {"in_flight": len(self._inflight), "max_inflight": self.max_inflight,
                          "restarts_total": dict(self.restarts_total), "degraded_capabilities": len(self.degraded())}
         return out

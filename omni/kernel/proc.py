@@ -32,7 +32,7 @@ async def _serve(config: dict[str, Any]) -> None:
     actor = Actor(graph, stage, replica, run_dir, config["instance"])
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, actor.stop)
+        loop.add_signal_handler(sig, _on_signal, actor, config["parent_pid"], sig)
     watcher = asyncio.create_task(_watch_parent(actor, config["parent_pid"]))
     try:
         await actor.run()
@@ -46,6 +46,17 @@ async def _serve(config: dict[str, Any]) -> None:
                 os.rmdir(run_dir)  # the last actor out removes the directory
             except OSError:
                 pass
+
+
+def _on_signal(actor: Any, parent_pid: int, sig: signal.Signals) -> None:
+    """A signal sent to the whole process group (systemd's default, Ctrl-C) is omnid's to act on:
+    while omnid lives this stage keeps serving, so in-flight streams drain, and leaves when omnid
+    says (ActorShutdown). With omnid gone (PR_SET_PDEATHSIG sends SIGTERM) it stops at once."""
+    if os.getppid() != parent_pid:
+        actor.stop()
+    else:
+        logging.getLogger("omni.proc").info("%s: %s deferred; omnid decides when this stage stops", actor.name,
+                                            signal.Signals(sig).name)
 
 
 async def _watch_parent(actor: Any, parent_pid: int) -> None:

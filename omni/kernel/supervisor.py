@@ -42,6 +42,14 @@ class ActorState(Enum):
 
 
 @dataclass
+class ReplicaCounts:
+    """What happened to one replica since the kernel started; each only ever grows (Prometheus counters)."""
+    restarts_total: int = 0  # launches after a death
+    restart_failures_total: int = 0  # of those, the ones that did not come up
+    cooldowns_total: int = 0  # times it went past its restart budget and rested `restart_cooldown_s`
+
+
+@dataclass
 class ActorHandle:
     """One replica as the supervisor sees it."""
     stage: str
@@ -55,10 +63,16 @@ class ActorHandle:
     last_stats: dict[str, Any] = field(default_factory=dict)
     restarts: list[float] = field(default_factory=list)  # when it was restarted, within the window
     pid: int = 0
+    counts: "ReplicaCounts" = field(default_factory=lambda: ReplicaCounts())
 
     @property
     def name(self) -> str:
         return actor_name(self.stage, self.replica)
+
+    @property
+    def live_pid(self) -> int:
+        """The PID of a replica that is up, else 0 (a process being restarted or resting has none to show)."""
+        return self.pid if self.state is ActorState.UP else 0
 
     def alive(self) -> bool:
         if self.process is not None:
@@ -230,6 +244,7 @@ class Supervisor:
         afresh = len(handle.restarts) >= spec.max_restarts
         if afresh:
             handle.state = ActorState.DOWN
+            handle.counts.cooldowns_total += 1
             log.error("stage %s is down: %d restarts within %g s; retrying in %g s", handle.name,
                       len(handle.restarts), spec.restart_window_s, spec.restart_cooldown_s)
         delay = spec.restart_cooldown_s if afresh else min(0.2 * 2 ** len(handle.restarts), 5.0)
@@ -243,10 +258,12 @@ class Supervisor:
             handle.restarts.clear()
         handle.restarts.append(time.monotonic())
         self.restarts_total[handle.stage] += 1
+        handle.counts.restarts_total += 1
         self._launch(handle)
         try:
             await self._await_ready(handle)
         except StageStartError as exc:
+            handle.counts.restart_failures_total += 1
             log.error("restart failed: %s", exc)
             return await self._died(handle, str(exc))
         for name in self.handles.keys() - {handle.name}:

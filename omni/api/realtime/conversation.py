@@ -59,8 +59,10 @@ class Item:
 
 
 def pcm16_to_float(data: bytes) -> np.ndarray:
+    """pcm16 is two bytes a sample: an odd count is a client's bug, refused rather than cut."""
     if len(data) % 2:
-        data = data[:-1]
+        raise bad_request(f"pcm16 audio is 2 bytes a sample; got {len(data)} bytes", param="audio",
+                          code="invalid_audio")
     return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
 
 

@@ -1,0 +1,41 @@
+"""/metrics follows Prometheus' rules across a stage's deaths: the restart counter never goes down,
+not even when the restart budget's window empties at a cool-down; a stage that is down shows no
+PID; cool-downs are counted."""
+
+from __future__ import annotations
+
+import re
+
+import requests
+
+from test_api_faults import wait_for
+from test_api_support import LiveServer
+
+
+def _sample(metrics: str, name: str, stage: str = "vocoder.0") -> float | None:
+    found = re.search(rf'^{name}{{stage="{re.escape(stage)}"}} (\S+)$', metrics, re.M)
+    return float(found.group(1)) if found else None
+
+
+def test_restart_counter_is_monotone_across_a_cool_down_and_a_down_stage_has_no_pid():
+    changes = {"vocoder": {"max_restarts": 1, "restart_cooldown_s": 1.5}}
+    with LiveServer(mode="process", spec_changes=changes) as srv:
+        scrape = lambda: requests.get(srv.url + "/metrics", timeout=10).text  # noqa: E731
+        seen, down_pids = [], []
+        for _ in range(3):  # past the first death each is over the budget: a cool-down, the window afresh
+            wait_for(lambda: srv.kernel.health()["vocoder"] == "up", timeout=30)
+            seen.append(_sample(scrape(), "omni_stage_restarts_total"))
+            srv.loop.call_soon_threadsafe(srv.kernel.kill, "vocoder")
+            wait_for(lambda: srv.kernel.health()["vocoder"] != "up", timeout=5, every=0.01)
+            if srv.kernel.health()["vocoder"] == "down":
+                metrics = scrape()
+                down_pids.append(_sample(metrics, "omni_stage_pid"))
+                assert _sample(metrics, "omni_stage_down") == 1.0
+        wait_for(lambda: srv.kernel.health()["vocoder"] == "up", timeout=30)
+        metrics = scrape()
+        seen.append(_sample(metrics, "omni_stage_restarts_total"))
+    assert seen == [0.0, 1.0, 2.0, 3.0], seen
+    assert down_pids == [None, None], down_pids  # max_restarts=1: every death after the first rests
+    assert _sample(metrics, "omni_stage_cooldowns_total") == 2.0
+    assert _sample(metrics, "omni_stage_restarts_in_window") == 1.0
+    assert _sample(metrics, "omni_stage_pid") > 0
