@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
     captured = engine.warmup() if hasattr(engine, "warmup") else 0  # every decode graph, as omnid's start-up
     capture_s = time.perf_counter() - t
     say(f"start-up capture: {captured} decode graphs in {capture_s:.1f}s")
-    buckets = batch_buckets(max(levels)) if cfg.cuda_graphs and not captured else []  # else lazily, here
+    buckets = batch_buckets(max(levels)) if cfg.graphs_on and not captured else []  # else lazily, here
     warm_s = warm(engine, prompt, levels, buckets) if args.warmup else 0.0
     say(f"warm-up {warm_s:.1f}s; engine stats {engine.stats()}")
     summaries, records, offset = [], [], 0

@@ -38,10 +38,16 @@ class EngineConfig:
     dtype: str = ""  # KV cache dtype; "" = the model's dtype
     tap_layers: tuple[int, ...] = ()  # hidden-state taps: 0 = embeddings, i = output of layer i
     eos_token_ids: tuple[int, ...] = ()
-    cuda_graphs: bool = False  # replay decode steps from CUDA graphs (models with supports_cuda_graphs)
+    cuda_graphs: bool | None = None  # replay decode steps from CUDA graphs (models with supports_cuda_graphs); None: on CUDA
     cuda_graph_max_batch: int = 0  # largest captured decode batch; 0 = max_num_seqs
     attention_backend: str = "torch"  # "triton": paged decode kernel on CUDA (prefill stays torch)
     tensor_parallel_size: int = 1  # ranks one replica's model is split over (tensor_parallel.py; SGLang's tp_size)
+
+    @property
+    def graphs_on(self) -> bool:
+        """Decode graphs: `cuda_graphs` when set, else on wherever the engine runs on CUDA (the fast path
+        is the default one; `cuda_graphs=false` turns them off)."""
+        return str(self.device).startswith("cuda") if self.cuda_graphs is None else bool(self.cuda_graphs)
 
     def __post_init__(self) -> None:
         self.tap_layers = tuple(int(x) for x in self.tap_layers)

@@ -66,7 +66,7 @@ class AREngine:
         for tap in config.tap_layers:
             if not 0 <= tap <= spec.num_layers:
                 raise InvalidRequest(f"tap layer {tap} outside [0, {spec.num_layers}]")
-        graphs = config.cuda_graphs and getattr(model, "supports_cuda_graphs", False)
+        graphs = config.graphs_on and getattr(model, "supports_cuda_graphs", False)
         if config.cuda_graphs and not graphs:
             log.warning("%s does not support CUDA graphs: decode runs eagerly", type(model).__name__)
         self.kv_cache = allocate_kv_cache(  # with graphs, one scratch block past the manager's for padding rows

@@ -61,7 +61,7 @@ class CodecLMStage(ARStage):
         self.model = self.engine.model
         self.model.max_model_len = self.engine.config.max_model_len
         cfg = self.engine.config
-        if cfg.cuda_graphs:  # the code predictor's 15-step loop as one CUDA graph per batch bucket
+        if cfg.graphs_on:  # the code predictor's 15-step loop as one CUDA graph per batch bucket
             self.model.use_predictor_graphs(cfg.cuda_graph_max_batch or cfg.max_num_seqs)
 
     # ---- requests -------------------------------------------------------------------

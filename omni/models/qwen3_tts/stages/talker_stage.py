@@ -60,7 +60,7 @@ class TTSTalkerStage(CodecLMStage):
         if args.predictor_top_p is not None:
             self.model.predictor_top_p = args.predictor_top_p
         cfg = self.engine.config
-        if cfg.cuda_graphs:
+        if cfg.graphs_on:
             self.model.use_predictor_graphs(cfg.cuda_graph_max_batch or cfg.max_num_seqs)
         if "voice" in self.ctx.in_ports:  # an in-context clone tokenizes its transcript: load it now, not then
             load_tokenizer(self.ctx.args.model_dir)
