@@ -51,3 +51,29 @@ def test_fused_frame_equals_the_eager_loop_in_the_triton_interpreter(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=280, check=False)
     assert proc.returncode == 0 and "interpreter ok" in proc.stdout, proc.stderr[-4000:]
+
+
+def test_kernels_compile_for_sm90_in_bf16():
+    """Ahead of time for an H100/H200 (triton ships ptxas): what the interpreter lets by."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    from test_fused_ops import _compile_for_sm90
+
+    from omni.layers import predictor_kernels as pk
+
+    ptrs = lambda *names, t="*bf16": {n: t for n in names}  # noqa: E731
+    ints = lambda *names: {n: "i32" for n in names}  # noqa: E731
+    linear = {**ptrs("x_ptr", "w_ptr", "nw_ptr", "b_ptr", "r_ptr", "o_ptr"), **ints("M", "N", "stride_xm", "stride_rm",
+                                                                                    "stride_om"), "eps": "fp32"}
+    for norm, glu in ((True, False), (False, True)):
+        _compile_for_sm90(pk._linear_kernel, linear, {"K": 1024, "NORM": norm, "GLU": glu, "BIAS": True, "RESID": glu,
+                                                      "IEEE": False, "BM": 16, "BN": 32, "BK": 128}, 4)
+    attention = {**ptrs("qkv_ptr", "k_cache", "v_cache", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "out_ptr"),
+                 **ints("start", "stride_qkv", "stride_out", "stride_cb", "stride_ch", "stride_cl", "stride_cs"),
+                 "eps": "fp32", "scale": "fp32"}
+    _compile_for_sm90(pk._attention_kernel, attention, {"T": 2, "Q_HEADS": 16, "KV_HEADS": 8, "HALF": 64,
+                                                        "BLOCK_HALF": 64, "BLOCK_L": 16}, 4)
+    sample = {"logits_ptr": "*bf16", "temp_ptr": "*fp32", "seed_ptr": "*i64", "frame_ptr": "*i64", "emb_ptr": "*bf16",
+              "codes_ptr": "*i64", "embeds_ptr": "*bf16", "next_ptr": "*bf16",
+              **ints("stride_l", "stride_codes", "stride_embeds", "stride_next", "top_k", "group", "groups_per_frame", "V"),
+              "top_p": "fp32"}
+    _compile_for_sm90(pk._sample_embed_kernel, sample, {"H": 1024, "BV": 2048, "BH": 1024, "HAS_NEXT": False}, 4)

@@ -77,9 +77,10 @@ if triton is not None:
         tl.store(out_ptr + row * stride_o + cols, (w * normed).to(dt), mask=mask)
 
     @triton.jit
-    def _head_norm_rope(src, dst, w_ptr, c1, c2, s1, s2, offs, mask, eps, HALF: tl.constexpr):
-        """One head: RMSNorm over its 2*HALF values, times weight, then rotate-half RoPE."""
-        dt = dst.dtype.element_ty
+    def head_norm_rope_values(src, w_ptr, c1, c2, s1, s2, offs, mask, eps, HALF: tl.constexpr):
+        """One head: RMSNorm over its 2*HALF values, times weight, then rotate-half RoPE; the two
+        halves in float32 before their last rounding to the source dtype (also the code predictor's)."""
+        dt = src.dtype.element_ty
         x1 = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(src + HALF + offs, mask=mask, other=0.0).to(tl.float32)
         inv = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
@@ -90,6 +91,12 @@ if triton is not None:
         # x * cos + cat(-x2, x1) * sin, each product rounded to the dtype before the sum
         o1 = (y1 * c1).to(dt).to(tl.float32) + (-y2 * s1).to(dt).to(tl.float32)
         o2 = (y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)
+        return o1, o2
+
+    @triton.jit
+    def _head_norm_rope(src, dst, w_ptr, c1, c2, s1, s2, offs, mask, eps, HALF: tl.constexpr):
+        o1, o2 = head_norm_rope_values(src, w_ptr, c1, c2, s1, s2, offs, mask, eps, HALF)
+        dt = dst.dtype.element_ty
         tl.store(dst + offs, o1.to(dt), mask=mask)
         tl.store(dst + HALF + offs, o2.to(dt), mask=mask)
 

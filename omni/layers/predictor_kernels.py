@@ -45,6 +45,7 @@ def available(x: torch.Tensor) -> bool:
 
 
 if triton is not None:
+    from omni.layers.fused_ops import head_norm_rope_values
 
     @triton.jit
     def _linear_kernel(x_ptr, w_ptr, nw_ptr, b_ptr, r_ptr, o_ptr, M, N, stride_xm, stride_rm, stride_om, eps,
@@ -99,19 +100,19 @@ if triton is not None:
 
     @triton.jit
     def _norm_rope(src, w_ptr, c1, c2, s1, s2, offs, mask, eps, HALF: tl.constexpr):
-        """One head's RMSNorm (times weight) then rotate-half RoPE; returns both halves (float32
-        holding values rounded to the source dtype), as `fused_ops.qk_norm_rope` rounds them."""
+        """`fused_ops.head_norm_rope_values`, rounded to the source dtype (kept as float32)."""
         dt = src.dtype.element_ty
-        x1 = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF + offs, mask=mask, other=0.0).to(tl.float32)
-        inv = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
-        w1 = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        w2 = tl.load(w_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)
-        y1 = (w1 * (x1 * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        y2 = (w2 * (x2 * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        o1 = ((y1 * c1).to(dt).to(tl.float32) + (-y2 * s1).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        o2 = ((y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        return o1, o2
+        o1, o2 = head_norm_rope_values(src, w_ptr, c1, c2, s1, s2, offs, mask, eps, HALF)
+        return o1.to(dt).to(tl.float32), o2.to(dt).to(tl.float32)
+
+    @triton.jit
+    def _rope_row(cos_ptr, sin_ptr, pos, stride, offs, mask, HALF: tl.constexpr):
+        """Both halves of the cos and sin rows of position `pos`, float32."""
+        c1 = tl.load(cos_ptr + pos * stride + offs, mask=mask, other=0.0).to(tl.float32)
+        c2 = tl.load(cos_ptr + pos * stride + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+        s1 = tl.load(sin_ptr + pos * stride + offs, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_ptr + pos * stride + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+        return c1, c2, s1, s2
 
     @triton.jit
     def _attention_kernel(qkv_ptr, k_cache, v_cache, qw_ptr, kw_ptr, cos_ptr, sin_ptr, out_ptr, start,
@@ -130,10 +131,7 @@ if triton is not None:
         for t in tl.static_range(T):  # the new positions: k normed + roped, v as is, into the cache
             row = qkv_ptr + (b * T + t) * stride_qkv
             pos = start + t
-            c1 = tl.load(cos_ptr + pos * stride_cs + offs, mask=hmask, other=0.0).to(tl.float32)
-            c2 = tl.load(cos_ptr + pos * stride_cs + HALF + offs, mask=hmask, other=0.0).to(tl.float32)
-            s1 = tl.load(sin_ptr + pos * stride_cs + offs, mask=hmask, other=0.0).to(tl.float32)
-            s2 = tl.load(sin_ptr + pos * stride_cs + HALF + offs, mask=hmask, other=0.0).to(tl.float32)
+            c1, c2, s1, s2 = _rope_row(cos_ptr, sin_ptr, pos, stride_cs, offs, hmask, HALF)
             k1, k2 = _norm_rope(row + Q_HEADS * D + kvh * D, kw_ptr, c1, c2, s1, s2, offs, hmask, eps, HALF)
             tl.store(kc + pos * stride_cl + offs, k1.to(dt), mask=hmask)
             tl.store(kc + pos * stride_cl + HALF + offs, k2.to(dt), mask=hmask)
@@ -153,10 +151,7 @@ if triton is not None:
         for t in tl.static_range(T):
             row = qkv_ptr + (b * T + t) * stride_qkv
             pos = start + t
-            c1 = tl.load(cos_ptr + pos * stride_cs + offs, mask=hmask, other=0.0).to(tl.float32)
-            c2 = tl.load(cos_ptr + pos * stride_cs + HALF + offs, mask=hmask, other=0.0).to(tl.float32)
-            s1 = tl.load(sin_ptr + pos * stride_cs + offs, mask=hmask, other=0.0).to(tl.float32)
-            s2 = tl.load(sin_ptr + pos * stride_cs + HALF + offs, mask=hmask, other=0.0).to(tl.float32)
+            c1, c2, s1, s2 = _rope_row(cos_ptr, sin_ptr, pos, stride_cs, offs, hmask, HALF)
             for j in tl.static_range(GROUP):
                 qh = kvh * GROUP + j
                 q1, q2 = _norm_rope(row + qh * D, qw_ptr, c1, c2, s1, s2, offs, hmask, eps, HALF)
