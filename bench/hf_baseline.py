@@ -57,7 +57,7 @@ def load_random_full(device: str):
     from transformers.utils import logging as hf_logging
 
     from omni.models.qwen3_omni.checkpoint.presets_full import full_config
-    from omni.models.tokenizer_offline_full import build_tokenizer
+    from omni.layers.tokenizer_offline_full import build_tokenizer
 
     hf_logging.set_verbosity_error()
     previous = torch.get_default_dtype()

@@ -93,7 +93,7 @@ def write_scaled_hf_checkpoint(out: Path) -> Path:
 
     from omni.models.qwen3_omni.checkpoint.make_tiny import init_talker_experts
     from omni.models.qwen3_omni.checkpoint.presets_full import scaled_config
-    from omni.models.tokenizer_offline_full import build_tokenizer
+    from omni.layers.tokenizer_offline_full import build_tokenizer
 
     torch.manual_seed(0)
     model = Qwen3OmniMoeForConditionalGeneration(Qwen3OmniMoeConfig(**scaled_config())).eval()

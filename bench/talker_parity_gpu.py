@@ -44,7 +44,7 @@ from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny  # noqa: E402
 from omni.models.qwen3_omni.modules.talker import TalkerModel  # noqa: E402
 from omni.models.qwen3_omni.stages.talker_stage import TalkerStage  # noqa: E402
 from omni.models.qwen3_omni.stages.thinker_stage import ThinkerStage  # noqa: E402
-from omni.models.tokenizer_offline import token_ids  # noqa: E402
+from omni.layers.tokenizer_offline import token_ids  # noqa: E402
 
 IDS = token_ids()
 ENGINE = {"block_size": 8, "num_blocks": 96, "max_model_len": 512}

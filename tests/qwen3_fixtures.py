@@ -22,7 +22,7 @@ import numpy as np
 from omni.kernel.graph import OUT, EdgeSpec, Graph
 from omni.kernel.kernel import Kernel
 from omni.models.qwen3_omni.checkpoint.make_tiny import PREPROCESSOR_CONFIG
-from omni.models.tokenizer_offline import token_ids
+from omni.layers.tokenizer_offline import token_ids
 
 IM_END = token_ids()["<|im_end|>"]
 THREADS_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}  # as the test process

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from omni.models.chat_template import OPENAI, STRING, content_format, render_messages
-from omni.models.tokenizer_offline import CHAT_TEMPLATE
+from omni.layers.tokenizer_offline import CHAT_TEMPLATE
 from test_api_support import LiveServer
 
 STRING_TEMPLATE = (  # the usual Qwen2-style template of a text checkpoint: content printed whole

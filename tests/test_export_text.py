@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from omni.models.qwen3_omni.checkpoint.export_text import export_thinker_text  # noqa: E402
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny  # noqa: E402
-from omni.models.tokenizer_offline import token_ids  # noqa: E402
+from omni.layers.tokenizer_offline import token_ids  # noqa: E402
 
 IDS = token_ids()
 PROMPT = [IDS["<|im_start|>"], IDS["user"], 10, *b"hello there, how are you?", IDS["<|im_end|>"], 10,

@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny  # noqa: E402
 from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker  # noqa: E402
-from omni.models.tokenizer_offline import token_ids  # noqa: E402
+from omni.layers.tokenizer_offline import token_ids  # noqa: E402
 from omni.stages.ar.config import EngineConfig  # noqa: E402
 from omni.stages.ar.engine import AREngine  # noqa: E402
 from omni.stages.ar.sequence import SamplingParams  # noqa: E402

@@ -202,7 +202,7 @@ def test_bad_requests_fail_with_typed_errors(system):
 
 def test_text_stream_never_emits_half_a_character():
     """Byte-level tokens split UTF-8 characters: the stream holds them back until they are whole."""
-    from omni.models.tokenizer_offline import build_tokenizer
+    from omni.layers.tokenizer_offline import build_tokenizer
     from omni.stages.ar.detokenizer import TextStream
 
     tok = build_tokenizer()

@@ -11,7 +11,7 @@ from omni.models.qwen3_omni.config import detect_family, load_config
 from omni.models.qwen3_omni.checkpoint.make_tiny import main as make_tiny_main
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from omni.models.qwen3_omni.checkpoint.tiny_presets import PRESETS
-from omni.models.tokenizer_offline import token_ids
+from omni.layers.tokenizer_offline import token_ids
 from omni.models.weights import CheckpointError, load_into, load_state_dict, tensor_names
 
 PRESET_NAMES = sorted(PRESETS)

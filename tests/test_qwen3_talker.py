@@ -18,7 +18,7 @@ from omni.kernel.stage import StageContext
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from omni.models.qwen3_omni.modules.talker import TalkerModel
 from omni.models.qwen3_omni.stages.talker_stage import TalkerStage
-from omni.models.tokenizer_offline import token_ids
+from omni.layers.tokenizer_offline import token_ids
 
 transformers = pytest.importorskip("transformers")
 

@@ -16,7 +16,7 @@ from omni.models.qwen3_omni.modules.rope import VisionGrid, rope_index  # noqa: 
 from omni.kernel.stage import StageContext  # noqa: E402
 from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker  # noqa: E402
 from omni.models.qwen3_omni.stages.thinker_stage import ThinkerStage  # noqa: E402
-from omni.models.tokenizer_offline import token_ids  # noqa: E402
+from omni.layers.tokenizer_offline import token_ids  # noqa: E402
 from omni.stages.ar.config import EngineConfig  # noqa: E402
 from omni.stages.ar.engine import AREngine  # noqa: E402
 from omni.stages.ar.sequence import SamplingParams  # noqa: E402

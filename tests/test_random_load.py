@@ -22,7 +22,7 @@ from omni.models.qwen3_omni.checkpoint.presets_full import (
     write_random_model_dir,
 )
 from omni.models.qwen3_omni.checkpoint.random_load import check_materialized, load_format, random_part, random_thinker
-from omni.models.tokenizer_offline_full import SPECIAL_IDS
+from omni.layers.tokenizer_offline_full import SPECIAL_IDS
 from omni.models.weights import CheckpointError
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.engine import AREngine

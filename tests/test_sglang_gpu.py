@@ -46,7 +46,7 @@ def setup(tmp_path_factory):
 
 
 def prompts(cfg) -> list[list[int]]:
-    from omni.models.tokenizer_offline import token_ids
+    from omni.layers.tokenizer_offline import token_ids
 
     ids = token_ids()
 

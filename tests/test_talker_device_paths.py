@@ -24,7 +24,7 @@ from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from omni.models.qwen3_omni.modules.talker import TalkerModel
 from omni.layers.moe import tied_router_experts
 from omni.models.qwen3_omni.stages.talker_stage import TalkerStage
-from omni.models.tokenizer_offline import token_ids
+from omni.layers.tokenizer_offline import token_ids
 
 IDS = token_ids()
 ROUTER = ".mlp.gate.weight"

@@ -19,7 +19,7 @@ import torch
 
 from omni.kernel.stage import StageContext
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
-from omni.models.tokenizer_offline import token_ids
+from omni.layers.tokenizer_offline import token_ids
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
 from omni.layers.mlp import GatedMLP

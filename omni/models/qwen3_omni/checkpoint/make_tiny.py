@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from omni.models.qwen3_omni.checkpoint.tiny_presets import TinyPreset, get_preset
-from omni.models.tokenizer_offline import save_tokenizer, token_ids, vocab_size
+from omni.layers.tokenizer_offline import save_tokenizer, token_ids, vocab_size
 
 # Offsets of the codec special ids above the codebook, as in the published config
 # (codebook 2048: pad 2148, bos 2149, eos 2150, nothink 2155, think bos/eos 2156/2157,

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omni.models.tokenizer_offline_full import build_tokenizer
+from omni.layers.tokenizer_offline_full import build_tokenizer
 
 PRESET = "qwen3-omni-30b-a3b"
 RANDOM_MARKER = "omni_random.json"  # next to config.json: the stages draw random weights

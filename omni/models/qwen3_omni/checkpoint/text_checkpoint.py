@@ -94,7 +94,7 @@ def write_text_checkpoint(out_dir: str | Path, layers: int = 8, seed: int = 0, s
     """Write the reduced-depth, full-width thinker text model as a Qwen3-MoE checkpoint; return its dir."""
     from safetensors.torch import save_file
 
-    from omni.models.tokenizer_offline_full import SPECIAL_IDS, build_tokenizer
+    from omni.layers.tokenizer_offline_full import SPECIAL_IDS, build_tokenizer
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(out_dir)

@@ -50,10 +50,10 @@ def kind_of(name: str) -> str:
 def text_tokens(full: bool) -> tuple[Any, dict[str, int], int]:
     """(tokenizer, token ids, text vocab): byte-level offline tokenizers, at the real ids for full size."""
     if full:
-        from omni.models.tokenizer_offline_full import ROLE_IDS, SPECIAL_IDS, build_tokenizer
+        from omni.layers.tokenizer_offline_full import ROLE_IDS, SPECIAL_IDS, build_tokenizer
 
         return build_tokenizer(), {**SPECIAL_IDS, **ROLE_IDS}, 151936
-    from omni.models.tokenizer_offline import build_tokenizer, token_ids, vocab_size
+    from omni.layers.tokenizer_offline import build_tokenizer, token_ids, vocab_size
 
     return build_tokenizer(), token_ids(), vocab_size()
 

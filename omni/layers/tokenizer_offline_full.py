@@ -5,7 +5,7 @@ tokens sit where the published tokenizer has them. Bytes as in `tokenizer_offlin
 
 from __future__ import annotations
 
-from omni.models.tokenizer_offline import CHAT_TEMPLATE, EXTRA_SPECIAL_ATTRS, _byte_of
+from omni.layers.tokenizer_offline import CHAT_TEMPLATE, EXTRA_SPECIAL_ATTRS, _byte_of
 
 # Real special-token ids of the Qwen vocabulary (Qwen3-Omni's, Qwen3-TTS's).
 SPECIAL_IDS = {
