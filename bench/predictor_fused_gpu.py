@@ -53,7 +53,9 @@ def main() -> None:
     ap.add_argument("--batch", default="1,16,64")
     ap.add_argument("--frames", type=int, default=50)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--tiles", default=None, help="linear kernel tilings to sweep: 'bn,bn_large,bk,warps,stages;...'")
+    ap.add_argument("--tiles", default=None,
+                    help="settings to sweep, ';'-separated JSON: {'norm': {...}, 'plain': {...}} update "
+                         "LINEAR_TILES' classes, 'radix' / 'warps' set SAMPLE_RADIX / SAMPLE_WARPS")
     a = ap.parse_args()
     batches = [int(b) for b in a.batch.split(",")]
     import tempfile
@@ -63,9 +65,17 @@ def main() -> None:
     rows = []
     if a.tiles:
         from omni.layers import predictor_kernels
+        import copy
         model = build_predictor(cfg, "cuda", torch.bfloat16)
+        defaults = copy.deepcopy(predictor_kernels.LINEAR_TILES)
         for tiles in a.tiles.split(";"):
-            predictor_kernels.LINEAR_TILES[:] = [int(v) for v in tiles.split(",")]
+            for cls, values in defaults.items():
+                predictor_kernels.LINEAR_TILES[cls].update(values)
+            update = json.loads(tiles)
+            predictor_kernels.SAMPLE_RADIX = update.pop("radix", True)
+            predictor_kernels.SAMPLE_WARPS = update.pop("warps", 4)
+            for cls, values in update.items():
+                predictor_kernels.LINEAR_TILES[cls].update(values)
             g = CodePredictorGraphs(model, max(batches), "cuda", fused=True)
             g.capture_all()
             for b in batches:
