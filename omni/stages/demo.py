@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
-from omni.kernel.registry import ModelInfo
 from omni.kernel.stage import Emit, Stage
+
+if TYPE_CHECKING:
+    from omni.models.registry import ModelInfo
 
 DIM = 16
 VOCAB = "abcdefghijklmnopqrstuvwxyz .,!?"
@@ -259,6 +261,7 @@ def needs(params: dict[str, Any]) -> set[str]:
 
 
 def build_demo(model_dir: str | None = None, variant: str | None = None, **options: Any) -> tuple[Graph, ModelInfo]:
+    from omni.models.registry import ModelInfo  # the demo family's; the stages it runs are here
     info = ModelInfo(id="omni-demo", family="demo", speaks=True, voices=["tone"], sample_rate=SAMPLE_RATE,
                      random_weights=True, max_context=MAX_CONTEXT, sampling_stage="generator",
                      extra={"audio_input": True})
