@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.kernel.stage import Emit, Stage
-
-if TYPE_CHECKING:
-    from omni.models.registry import ModelInfo
 
 DIM = 16
 VOCAB = "abcdefghijklmnopqrstuvwxyz .,!?"
@@ -258,11 +255,3 @@ def needs(params: dict[str, Any]) -> set[str]:
     """Audio out unless the request's modalities leave it out (a text-only request skips the vocoder)."""
     modalities = params.get("modalities")
     return {"audio_output"} if modalities is None or "audio" in modalities else set()
-
-
-def build_demo(model_dir: str | None = None, variant: str | None = None, **options: Any) -> tuple[Graph, ModelInfo]:
-    from omni.models.registry import ModelInfo  # the demo family's; the stages it runs are here
-    info = ModelInfo(id="omni-demo", family="demo", speaks=True, voices=["tone"], sample_rate=SAMPLE_RATE,
-                     random_weights=True, max_context=MAX_CONTEXT, sampling_stage="generator",
-                     extra={"audio_input": True})
-    return demo_graph(), info
