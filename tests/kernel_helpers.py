@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from omni.kernel.kernel import Kernel
+from omni.kernel.stage import Emit
 from omni.stages.demo import demo_graph
 
 
@@ -40,3 +41,16 @@ def shm_segments(instance: str) -> list[str]:
 async def run_one(kernel: Kernel, prompt: str, max_tokens: int = 12, **extra: Any) -> dict[str, Any]:
     events = await kernel.submit({"prompt": prompt, "max_tokens": max_tokens, **extra}).collect()
     return summarize(events)
+
+
+def unbatched(emits: list[Emit]) -> list[Emit]:
+    """A stage's emits with each batched one (`rows`) split into its requests' own chunks, as the
+    consumer's actor feeds them."""
+    out: list[Emit] = []
+    for e in emits:
+        if e.rows is None:
+            out.append(e)
+            continue
+        for i, rid in enumerate(e.rows):
+            out.append(Emit(rid, e.port, {k: v[i:i + 1] if hasattr(v, "shape") else v for k, v in e.data.items()}))
+    return out

@@ -13,7 +13,7 @@ import requests
 
 from omni.api.app import ServerConfig, build_app
 from omni.api.server import HttpServer
-from omni.kernel.registry import ModelInfo
+from omni.models.registry import ModelInfo
 from test_api_support import LiveServer
 
 MODEL = "omni-demo"

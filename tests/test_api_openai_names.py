@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from omni.api.app import ServedModel, ServerConfig, ServerState
-from omni.kernel.registry import ModelInfo
+from omni.models.registry import ModelInfo
 from test_api_support import LiveServer
 from test_whisper_support import WhisperServer, tiny_random_checkpoint, wav_bytes
 

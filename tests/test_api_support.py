@@ -14,7 +14,7 @@ from background_loop import BackgroundLoop
 from omni.api.app import STATE, ServerConfig, build_app
 from omni.api.server import HttpServer
 from omni.kernel.kernel import Kernel
-from omni.stages.demo import build_demo
+from omni.models.demo.graph import build_demo
 
 
 class LiveServer(BackgroundLoop):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from omni.kernel.errors import InvalidRequest, RequestCancelled
-from omni.kernel.registry import ModelInfo
+from omni.models.registry import ModelInfo
 from omni.models.qwen3_omni.graph import build
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from omni.models.qwen3_omni.request import SPEECH_INSTRUCTION

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from kernel_helpers import unbatched
 from omni.kernel.stage import StageContext
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from omni.models.qwen3_omni.modules.talker import TalkerModel
@@ -117,7 +118,7 @@ def open_ref(stage: TalkerStage, rid: str, ref: Reference, **params) -> None:
 
 
 def collect(emits, out: dict, done: set) -> None:
-    for e in emits:
+    for e in unbatched(emits):
         assert e.error is None, e.error
         if e.data is not None:
             assert e.port == "codes"

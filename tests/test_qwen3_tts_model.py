@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import qwen3_tts_reference
+from kernel_helpers import unbatched
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import StageContext
 from omni.models.qwen3_tts.checkpoint.make_tiny import write_model
@@ -127,7 +128,7 @@ class Omni:
         for _ in range(10_000):
             if len(done) == len(cases):
                 break
-            for e in self.talker.step():
+            for e in unbatched(self.talker.step()):
                 assert e.error is None, e.error
                 if e.data is not None and "codes" in e.data:
                     frames[e.rid].append(e.data["codes"])
@@ -285,7 +286,7 @@ def test_talker_takes_its_voice_as_device_tensors_valid_during_feed_only(tmp_pat
     omni.talker.close_input("d")
     frames, ref = [], None
     for _ in range(1000):
-        emits = omni.talker.step()
+        emits = unbatched(omni.talker.step())
         assert all(e.error is None for e in emits), [e.error for e in emits]
         for e in emits:
             if e.data and "ref_codes" in e.data:

@@ -228,7 +228,7 @@ class WhisperServer(BackgroundLoop):
         from omni.api.server import HttpServer
         from omni.kernel.kernel import Kernel
         from omni.models.whisper.graph import build
-        from omni.stages.demo import build_demo
+        from omni.models.demo.graph import build_demo
 
         models = [build(self.model_dir)]
         if self.beside_demo:

@@ -20,7 +20,7 @@ from omni.api.errors import ApiError, error_middleware
 from omni.api.metrics import route_label
 from omni.api.realtime import route as realtime
 from omni.api.state import STATE, ServedModel, ServerConfig, ServerState
-from omni.kernel.registry import ModelInfo
+from omni.models.registry import ModelInfo
 
 
 _OPEN_PATHS = ("/health", "/metrics", "/openapi.json")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from omni.api.errors import bad_request
 from omni.api.schemas import ChatCompletionRequest, TextPart
-from omni.kernel.registry import CHARS_PER_TOKEN, ModelInfo
+from omni.models.registry import CHARS_PER_TOKEN, ModelInfo
 
 
 def chat_chars(req: ChatCompletionRequest) -> int:

@@ -14,7 +14,7 @@ from aiohttp import web
 from omni.api.aliases import CHAT, OPENAI_ALIASES, SPEECH, TRANSCRIBE, TRANSLATE, alias_task, chats, translates
 from omni.api.media import MediaLimits
 from omni.api.metrics import ApiMetrics
-from omni.kernel.registry import ModelInfo
+from omni.models.registry import ModelInfo
 
 
 @dataclass

@@ -117,7 +117,11 @@ class Actor:
                 data, tokens = self.readers.read(msg, frames)
                 edge = self.graph.edges[msg.edge]
                 producer = replica_of(self.graph, edge.src, msg.rid)
-                self.driver.post(Chunk(msg.rid, edge.dst_port, data, msg.edge, producer, tokens))
+                rows = msg.rows or [msg.rid]
+                for i, rid in enumerate(rows):  # a batch: a chunk per row, the slots' credit with the last
+                    part, last = _rows(data, slice(i, i + 1)) if msg.rows else data, i + 1 == len(rows)
+                    self.driver.post(Chunk(rid, edge.dst_port, part, msg.edge, producer if last else "",
+                                           tokens if last else []))
             case m.RequestEnd():
                 self.driver.post(End(msg.rid, msg.edge))
             case m.RequestCancel():
@@ -188,9 +192,10 @@ class Actor:
     def _peer(self, edge: EdgeSpec, rid: str) -> str:
         return KERNEL if edge.dst == OUT else replica_of(self.graph, edge.dst, rid)
 
-    async def _send_chunk(self, edge_id: int, rid: str, data: dict[str, Any]) -> None:
+    async def _send_chunk(self, edge_id: int, rids: list[str], data: dict[str, Any]) -> None:
+        """One message: a chunk of rids[0], or (more rids) the batch whose row i is rids[i]'s."""
         edge = self.graph.edges[edge_id]
-        peer = self._peer(edge, rid)
+        peer = self._peer(edge, rids[0])
         while (link := self._link(edge_id, peer)).credits <= 0:
             await self._credit()
         meta: dict[str, Any] = {}
@@ -209,7 +214,8 @@ class Actor:
         except BaseException:  # e.g. one array too large for the arena: the chunk's other slots come back
             self._free_slots(payloads)
             raise
-        if not self._send(peer, m.RequestChunk(rid, edge_id, meta, payloads), frames):
+        batch = rids if len(rids) > 1 else []
+        if not self._send(peer, m.RequestChunk(rids[0], edge_id, meta, payloads, batch), frames):
             return self._free_slots(payloads)  # the consumer is gone; the supervisor fails the request
         link.credits -= 1
         link.outstanding.extend(t for t in map(self.readers.token, payloads) if t is not None)
@@ -231,31 +237,43 @@ class Actor:
                 await self._credit()
 
     async def _emit(self, emit: Emit) -> None:
-        """Send one output; whatever goes wrong while sending it fails that request, never the actor."""
-        rid = emit.rid
-        if rid not in self._opened:  # cancelled or already finished here
-            return
+        """Send one output or batch; whatever goes wrong while sending fails its requests, never the actor."""
+        rid, rows = emit.rid, emit.rows or [emit.rid]
         try:
+            if emit.data is not None:
+                await self._send_rows(emit.port, rows, emit.data)
+            if emit.rows is not None or rid not in self._opened:  # a batch; or cancelled, or finished here
+                return
             if emit.error is not None:
                 return self._fail(rid, emit.error_kind, emit.error)
-            edges = self._edges_of(rid)
-            for edge_id, edge in edges.items():  # output for a stage the request skips is dropped here
-                if emit.data is not None and edge.port == emit.port:
-                    if edge.mode == "final":
-                        self._final_buffers.setdefault((rid, edge_id), []).append(emit.data)
-                    else:
-                        await self._send_chunk(edge_id, rid, emit.data)
             if emit.finish:
-                for edge_id, edge in edges.items():
+                for edge_id, edge in self._edges_of(rid).items():
                     for data in self._final_buffers.pop((rid, edge_id), []):
-                        await self._send_chunk(edge_id, rid, data)
+                        await self._send_chunk(edge_id, [rid], data)
                     self._send(self._peer(edge, rid), m.RequestEnd(rid, edge_id, emit.end_meta or {}))
                 self._forget(rid)
                 self._send(KERNEL, m.RequestLeft(rid, self.spec.name))
         except Exception as exc:
-            if rid in self._opened:
+            for rid in (r for r in rows if r in self._opened):
                 log.warning("%s could not send the output of %s: %s: %s", self.name, rid, type(exc).__name__, exc)
                 self._fail(rid, getattr(exc, "kind", "stage_failed"), f"{type(exc).__name__}: {exc}")
+
+    async def _send_rows(self, port: str, rows: list[str], data: dict[str, Any]) -> None:
+        """Chunks of `rows` (row i of each array is rows[i]'s) on `port`, as one message per edge and
+        consumer replica (per request to the client and on final edges); rows of requests not open
+        here, or that skip the edge's stage, are dropped."""
+        for edge_id, edge in ((i, e) for i, e in self.out_edges.items() if e.port == port):
+            groups: dict[str, list[int]] = {}
+            for i, rid in enumerate(rows):
+                if rid in self._opened and edge_id in self._edges_of(rid):
+                    alone = edge.dst == OUT or edge.mode == "final"
+                    groups.setdefault(rid if alone else self._peer(edge, rid), []).append(i)
+            for idx in groups.values():
+                rids, part = [rows[i] for i in idx], data if len(idx) == len(rows) else _rows(data, idx)
+                if edge.mode == "final":
+                    self._final_buffers.setdefault((rids[0], edge_id), []).append(part)
+                else:
+                    await self._send_chunk(edge_id, rids, part)
 
     def _fail(self, rid: str, kind: str, message: str) -> None:
         self._send(KERNEL, m.RequestError(rid, self.spec.name, kind, message))
@@ -283,7 +301,7 @@ class Actor:
                     await self._wake.wait()
                     continue
             emits, taken = await loop.run_in_executor(self._pool, self._step)
-            for chunk in taken:
+            for chunk in (c for c in taken if c.producer):  # the rows of a batch but its last owe none
                 self._send(chunk.producer, m.EdgeCredit(chunk.edge, self.name, chunk.tokens))
             for emit in emits:
                 await self._emit(emit)
@@ -303,3 +321,8 @@ class Actor:
 
     def stats(self) -> dict[str, Any]:
         return {**self.driver.stats(), "dropped_messages": self.mailbox.dropped, "time": time.time()}
+
+
+def _rows(data: dict[str, Any], rows: list[int] | slice) -> dict[str, Any]:
+    """Those rows of a batched chunk's arrays (its other values as they are)."""
+    return {k: v[rows] if is_array(v) else v for k, v in data.items()}

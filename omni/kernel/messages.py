@@ -38,11 +38,13 @@ class RequestOpen(Msg, gc=False):
 
 
 class RequestChunk(Msg, gc=False):
-    """One item of a request's stream on an edge: small values in `meta`, arrays by handle."""
+    """One item of a request's stream on an edge: small values in `meta`, arrays by handle. With `rows`,
+    one item each of several requests (rid = rows[0]): row i of every array is rows[i]'s, `meta` each's."""
     rid: str
     edge: int
     meta: dict[str, Any] = {}
     payloads: list[PayloadDesc] = []
+    rows: list[str] = []
 
 
 class RequestEnd(Msg, gc=False):

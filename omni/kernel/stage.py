@@ -4,6 +4,10 @@ The actor drives a stage from one compute thread, so a stage needs no locks: it 
 about requests (`open`, `feed`, `close_input`, `abort`) and is stepped (`step`), which
 returns what to send. Arrays in `Emit.data` travel through the edge's payload channel,
 every other value rides in the message (msgpack types only).
+
+A step's chunks of many requests on one port can go as one `Emit(rows=[rid...])`: row i of each
+array in `data` is request rows[i]'s chunk (its other values belong to every row). The actor
+sends one message per edge and consumer replica; each consumer feeds every row as its own chunk.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class Emit:
     error: str | None = None  # fail the request with this message
     error_kind: str = "stage_failed"
     end_meta: dict[str, Any] | None = None  # with finish: rides on every End (e.g. usage, finish_reason)
+    rows: list[str] | None = None  # a batched chunk (see above): `rid`, `finish` and `error` unused
 
 
 @dataclass

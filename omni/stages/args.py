@@ -113,7 +113,7 @@ class VocoderArgs(StageArgs):
     first_chunk_frames: int = 4  # frames of a request's first chunk (time to first audio)
     chunk_frames: int = 12  # frames of every later chunk
     grow_chunks: bool = False  # later chunks as long as the audio sent so far, up to chunk_frames
-    max_batch: int = 0  # requests per forward; 0 = 32 with the codec on a GPU, else 8
+    max_batch: int = 0  # requests per forward; 0 = 128 with the codec on a GPU, else 8
 
     def check(self) -> None:
         super().check()

@@ -18,7 +18,6 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
-from omni.kernel.registry import ModelInfo
 from omni.kernel.stage import Emit, Stage
 
 DIM = 16
@@ -256,10 +255,3 @@ def needs(params: dict[str, Any]) -> set[str]:
     """Audio out unless the request's modalities leave it out (a text-only request skips the vocoder)."""
     modalities = params.get("modalities")
     return {"audio_output"} if modalities is None or "audio" in modalities else set()
-
-
-def build_demo(model_dir: str | None = None, variant: str | None = None, **options: Any) -> tuple[Graph, ModelInfo]:
-    info = ModelInfo(id="omni-demo", family="demo", speaks=True, voices=["tone"], sample_rate=SAMPLE_RATE,
-                     random_weights=True, max_context=MAX_CONTEXT, sampling_stage="generator",
-                     extra={"audio_input": True})
-    return demo_graph(), info

@@ -25,7 +25,7 @@ from omni.kernel.stage import Emit, Stage, StageContext
 from omni.stages.args import VocoderArgs, coerce_args
 from omni.stages.threads import pin_torch_threads
 
-GPU_MAX_BATCH, CPU_MAX_BATCH = 32, 8
+GPU_MAX_BATCH, CPU_MAX_BATCH = 128, 8  # on a GPU, 64+ streams' chunks in one forward
 
 
 class StreamingCodec(Protocol):
@@ -259,15 +259,17 @@ class VocoderStage(Stage):
                 "decoded_frames": self.decoded_frames, "forwards": self.forwards, "max_batch": self.max_batch}
 
     def _next_batches(self) -> list[list[str]]:
-        """Due requests grouped by their next chunk's shape, first chunks first (time to first
-        audio), then the largest groups; at most `max_batch` requests per group."""
+        """Due requests grouped by their next chunk's shape (frames and the codec's batch key: a
+        first chunk shares a forward with later ones of the same shape), groups holding first
+        chunks first (time to first audio), then the largest; at most `max_batch` per forward."""
         groups: dict[tuple, list[str]] = {}
         for rid, r in self.requests.items():
             n = r.due()
             if n:
-                groups.setdefault((r.decoded_frames == 0, n, self.codec.batch_key(r.stream)), []).append(rid)
-        order = sorted(groups.items(), key=lambda kv: (not kv[0][0], -len(kv[1])))
-        return [rids[: self.max_batch] for _, rids in order]
+                groups.setdefault((n, self.codec.batch_key(r.stream)), []).append(rid)
+        first = {key for key, rids in groups.items() if any(self.requests[r].decoded_frames == 0 for r in rids)}
+        order = sorted(groups.items(), key=lambda kv: (kv[0] not in first, -len(kv[1])))
+        return [rids[i: i + self.max_batch] for _, rids in order for i in range(0, len(rids), self.max_batch)]
 
 
 def _positive(value: Any, name: str) -> int:

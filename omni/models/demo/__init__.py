@@ -6,4 +6,4 @@ def register(registry) -> None:
     registry.register_stage("demo.encoder", "omni.stages.demo:ToyEncoder")
     registry.register_stage("demo.generator", "omni.stages.demo:ToyGenerator")
     registry.register_stage("demo.vocoder", "omni.stages.demo:ToyVocoder")
-    registry.register_family("demo", "omni.stages.demo:build_demo", ["OmniDemo"])
+    registry.register_family("demo", "omni.models.demo.graph:build_demo", ["OmniDemo"])

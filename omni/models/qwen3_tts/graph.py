@@ -26,7 +26,7 @@ from typing import Any
 
 from omni.kernel.errors import GraphError
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
-from omni.kernel.registry import ModelInfo
+from omni.models.registry import ModelInfo
 from omni.models.qwen3_tts.checkpoint.make_tiny import TINY_MARKER
 from omni.models.qwen3_tts.config import load_config
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
-from omni.kernel.registry import ModelInfo
+from omni.models.registry import ModelInfo
 from omni.models.whisper.config import WhisperConfig
 
 ENCODER_KIND, DECODER_KIND = "whisper.encoder", "whisper.decoder"  # stages/__init__.py registers them

@@ -18,7 +18,7 @@ from omni.layers.paged_attention import allocate_kv_cache
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.cuda_graphs import DecodeGraphs
 from omni.stages.ar.logprobs import gather_logprobs
-from omni.stages.ar.model_api import ARModel
+from omni.stages.ar.model_api import AfterSample, ARModel
 from omni.stages.ar.runner import ModelRunner
 from omni.stages.ar.sampler import Sampler
 from omni.stages.ar.scheduler import Scheduler
@@ -192,7 +192,10 @@ class AREngine:
                 logits = self.runner.logits(hidden)
                 tokens = self.sampler.sample(logits, self.sampler.slots_of(seqs), self.sampler.mode_for(seqs), seqs)
             extras = self.model.after_sample(seqs, tokens, hidden)
-            token_ids = tokens.tolist()  # the step's one host sync
+            if isinstance(extras, AfterSample):  # the model's copy brought the ids to the host already
+                extras, token_ids = extras.extras, extras.token_ids
+            else:
+                token_ids = tokens.tolist()  # the step's one host sync
             entries = self._logprobs(seqs, hidden, logits, token_ids)
 
         results: dict[str, StepOutput] = {}

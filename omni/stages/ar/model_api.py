@@ -116,6 +116,14 @@ class ForwardOutput:
     tokens: torch.Tensor | None = None  # [T] sampled inside a decode graph (-1: non-finite logits)
 
 
+@dataclass
+class AfterSample:
+    """`after_sample`'s answer when it brought the step's token ids to the host with its own copy."""
+
+    extras: list[dict]
+    token_ids: list[int]
+
+
 class ARModel:
     """Base class of model adapters; override the required methods and any hooks.
 
@@ -175,11 +183,13 @@ class ARModel:
         """False parks `seq` until the adapter has the input its next step needs."""
         return True
 
-    def after_sample(self, seqs: list["Sequence"], tokens: torch.Tensor, hidden: torch.Tensor) -> list[dict] | None:
+    def after_sample(self, seqs: list["Sequence"], tokens: torch.Tensor, hidden: torch.Tensor
+                     ) -> list[dict] | AfterSample | None:
         """Runs after sampling, before stop checks and before the tokens reach the host:
         `tokens` [N] on the device (-1 for a row whose logits were not finite), `hidden` [N, H]
         the rows that made the logits. May return one dict per sequence; the engine passes it
-        on as `StepOutput.extra` (e.g. the talker's other codebook codes)."""
+        on as `StepOutput.extra` (e.g. the talker's other codebook codes). A model that copies
+        the tokens to the host itself returns `AfterSample` with them: the step syncs once."""
         return None
 
     def release(self, seq: "Sequence") -> None:

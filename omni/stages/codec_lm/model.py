@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from omni.layers.rotary import mrope_cos_sin
-from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput, KVCacheSpec
+from omni.stages.ar.model_api import AfterSample, ARModel, DecodeForm, ForwardBatch, ForwardOutput, KVCacheSpec
 from omni.stages.ar.sampler import SuppressTokens
 from omni.stages.codec_lm.code_predictor import PREDICTOR_TOP_K, PREDICTOR_TOP_P, sampled_codes
 from omni.stages.codec_lm.code_predictor_graphs import CodePredictorGraphs
@@ -126,14 +126,15 @@ class CodecLM(nn.Module, ARModel):
         code0_embed = self.model.codec_embedding(code0)
         codes, embeds = self._predict_codes(hidden.to(code0_embed.dtype), code0_embed, reqs)
         frames = torch.cat((code0_embed[:, None], embeds), dim=1).sum(1)
-        host = torch.cat((tokens[:, None], code0[:, None], codes), dim=1).cpu()
-        sampled, all_codes = host[:, 0].tolist(), host[:, 1:]
+        goes_on = self.goes_on(seqs, tokens)
+        host = torch.cat((tokens[:, None], goes_on[:, None].long(), code0[:, None], codes), dim=1).cpu()
+        sampled, go, all_codes = host[:, 0].tolist(), host[:, 1].tolist(), host[:, 2:]
         extras: list[dict] = [{} for _ in seqs]
-        for i, (seq, req) in enumerate(zip(seqs, reqs)):
-            if sampled[i] >= 0 and self._goes_on(seq, sampled[i]):
+        for i, req in enumerate(reqs):
+            if go[i]:
                 req.frame_embeds.append(frames[i])
                 extras[i] = {"codes": all_codes[i]}
-        return extras
+        return AfterSample(extras, sampled)
 
     def use_predictor_graphs(self, max_batch: int) -> None:
         """Frames run the code predictor from one CUDA graph per batch bucket, sampling included,
@@ -162,10 +163,20 @@ class CodecLM(nn.Module, ARModel):
         return self.code_predictor.predict(past_hidden, code0_embed, sampled_codes(
             temperature, seed, frame, self.num_code_groups, self.predictor_top_k, self.predictor_top_p))
 
-    def _goes_on(self, seq, token: int) -> bool:
-        """False when `token` ends the sequence (no frame is computed for it then)."""
-        if token == self.ids.codec_eos or token in seq.params.stop_token_ids:
-            return False
+    def goes_on(self, seqs, tokens: torch.Tensor) -> torch.Tensor:
+        """[B] bool on the device: False where the drawn token ends the sequence (no frame is
+        computed for it then): codec EOS, a stop id, a failed row (-1), or the last token that
+        max_tokens / max_model_len allow. The limits are known before the draw, so the rule needs
+        one small upload and no sync; its answer rides in the step's one copy to the host."""
+        stops = [(self.ids.codec_eos, *seq.params.stop_token_ids) for seq in seqs]
+        width = max(map(len, stops))
+        rules = torch.tensor([[int(self._room_for_one_more(seq)), *ids, *(-1,) * (width - len(ids))]
+                              for seq, ids in zip(seqs, stops)], dtype=torch.long).to(tokens.device, non_blocking=True)
+        stopped = (tokens[:, None] == rules[:, 1:]).any(1)
+        return (rules[:, 0] > 0) & (tokens >= 0) & ~stopped
+
+    def _room_for_one_more(self, seq) -> bool:
+        """Whether max_tokens and max_model_len leave room past the token being drawn."""
         if len(seq.output_token_ids) + 1 >= seq.params.max_tokens:
             return False
         return self.max_model_len is None or seq.num_tokens + 1 <= self.max_model_len

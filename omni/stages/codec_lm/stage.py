@@ -2,8 +2,9 @@
 stage subclasses (a family adds how requests open and how their prompt rows arrive).
 
 Sampling: transformers' talker defaults, then `args.default_sampling`, then the request's
-`params["sampling"][sampling_key]`; temperature 0 = greedy. Each step emits
-Emit(rid, codes_port, {"codes": int64 [1, num_code_groups]}) per new frame and
+`params["sampling"][sampling_key]`; temperature 0 = greedy. Each step emits its new frames as
+one batched Emit(rows=[rid...], codes_port, {"codes": int64 [rows, num_code_groups]}) (one bus
+message per consumer replica, not one per stream; each request's chunk is its row [1, groups]) and
 Emit(rid, finish=True) at codec EOS or max_tokens.
 """
 
@@ -100,6 +101,18 @@ class CodecLMStage(ARStage):
             self._streams.pop(out.rid, None)
             emits.append(Emit(out.rid, finish=True))
         return emits
+
+    def step(self) -> list[Emit]:
+        """The step's frames of every stream as one batched emit, where the first of them was."""
+        emits = super().step()
+        frames = [i for i, e in enumerate(emits) if e.port == self.codes_port and e.data and set(e.data) == {"codes"}]
+        if len(frames) < 2:
+            return emits
+        rows = [emits[i] for i in frames]
+        batch = Emit("", self.codes_port, {"codes": np.concatenate([e.data["codes"] for e in rows])},
+                     rows=[e.rid for e in rows])
+        rest = set(frames[1:])
+        return [batch if i == frames[0] else e for i, e in enumerate(emits) if i not in rest]
 
     def backlog(self) -> int:
         waiting = len(self.engine.scheduler.waiting) if self.engine else 0

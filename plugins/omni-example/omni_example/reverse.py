@@ -14,7 +14,7 @@ from typing import Any
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
-from omni.kernel.registry import ModelInfo
+from omni.models.registry import ModelInfo
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.stages.args import StageArgs, coerce_args
 

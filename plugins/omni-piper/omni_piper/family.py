@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
-from omni.kernel.registry import ModelInfo
+from omni.models.registry import ModelInfo
 from omni_piper.voice import find_voice
 
 OUTPUT_RATE = 24000  # OpenAI's pcm rate: no format needs a second resampling in the API

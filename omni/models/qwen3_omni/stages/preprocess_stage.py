@@ -24,7 +24,7 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest, OmniError
 from omni.kernel.stage import Emit, Stage, StageContext
-from omni.kernel.registry import CHARS_PER_TOKEN
+from omni.models.registry import CHARS_PER_TOKEN
 from omni.models.qwen3_omni.request import chat_messages, check_voice, prompt_chars, wants_audio
 from omni.models.qwen3_omni.stages.args import PreprocessArgs
 from omni.stages.args import coerce_args
