@@ -26,6 +26,7 @@ from omni.kernel.graph import OUT, EdgeSpec, Graph
 from omni.kernel.routing import inputs_expected, replica_of
 from omni.kernel.rundir import KERNEL, actor_name, endpoint, shm_owner
 from omni.kernel.stage import Emit
+from omni.lane_clock import LaneClock
 
 log = logging.getLogger("omni.actor")
 
@@ -60,22 +61,24 @@ class Actor:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"compute-{self.name}")
         self._stopping = asyncio.Event()
         self._main_task: asyncio.Task | None = None
+        self.lanes = LaneClock("setup", ("emit", "idle", "compute", "credit_wait"))  # where the loop's time goes
 
     # ---- lifecycle ----------------------------------------------------------------------
 
     async def run(self) -> None:
         """Bind, set the stage up, report ready, then serve until shutdown."""
-        self.mailbox = Mailbox(self.endpoint, self._dispatch, self.name)
+        self.mailbox = Mailbox(self.endpoint, self.lanes.timed("recv", self._dispatch), self.name)
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._pool, self.driver.setup)
         except Exception as exc:
             log.exception("stage %s failed to set up", self.name)
-            self._send(KERNEL, m.ActorFailed(self.spec.name, self.replica, f"{type(exc).__name__}: {exc}"))
+            self.outbox.send(KERNEL, m.ActorFailed(self.spec.name, self.replica, f"{type(exc).__name__}: {exc}"))
             await asyncio.sleep(0.1)
             return self.close()
+        self.lanes.enter("emit")  # the loop's own work: sending outputs and credits
         self.mailbox.start()
-        self._send(KERNEL, m.ActorReady(self.spec.name, self.replica, os.getpid()))
+        self.outbox.send(KERNEL, m.ActorReady(self.spec.name, self.replica, os.getpid()))
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         self._main_task = asyncio.create_task(self._main_loop())
         try:
@@ -112,7 +115,7 @@ class Actor:
                 self._opened[msg.rid] = set(msg.skip)
                 self.driver.post(Open(msg.rid, msg.params, inputs_expected(self.graph, self.spec.name, msg.skip)))
                 for dst in {e.dst for e in self._edges_of(msg.rid).values()} - {OUT}:
-                    self._send(replica_of(self.graph, dst, msg.rid), msg)
+                    self.outbox.send(replica_of(self.graph, dst, msg.rid), msg)
             case m.RequestChunk():
                 data, tokens = self.readers.read(msg, frames)
                 edge = self.graph.edges[msg.edge]
@@ -126,7 +129,7 @@ class Actor:
             case m.EdgeCredit():
                 self._on_credit(msg)
             case m.StatsQuery():
-                self._send(KERNEL, m.StatsReply(msg.token, self.spec.name, self.replica, self.stats()))
+                self.outbox.send(KERNEL, m.StatsReply(msg.token, self.spec.name, self.replica, self.stats()))
             case m.PeerUpdate():
                 self._reset_peer(actor_name(msg.stage, msg.replica))
             case m.ActorShutdown():
@@ -173,7 +176,7 @@ class Actor:
 
     async def _credit(self) -> None:
         self._credit_event.clear()
-        await self._credit_event.wait()
+        await self.lanes.wait("credit_wait", self._credit_event.wait())
 
     # ---- outbound ---------------------------------------------------------------------------
 
@@ -181,9 +184,6 @@ class Actor:
         if channel not in self._writers:
             self._writers[channel] = load_channel(channel).writer(self._owner, self.spec.arena_bytes)
         return self._writers[channel]
-
-    def _send(self, peer: str, msg: m.Msg, frames: list[Any] | None = None) -> bool:
-        return self.outbox.send(peer, msg, frames)
 
     def _peer(self, edge: EdgeSpec, rid: str) -> str:
         return KERNEL if edge.dst == OUT else replica_of(self.graph, edge.dst, rid)
@@ -209,7 +209,7 @@ class Actor:
         except BaseException:  # e.g. one array too large for the arena: the chunk's other slots come back
             self._free_slots(payloads)
             raise
-        if not self._send(peer, m.RequestChunk(rid, edge_id, meta, payloads), frames):
+        if not self.outbox.send(peer, m.RequestChunk(rid, edge_id, meta, payloads), frames):
             return self._free_slots(payloads)  # the consumer is gone; the supervisor fails the request
         link.credits -= 1
         link.outstanding.extend(t for t in map(self.readers.token, payloads) if t is not None)
@@ -249,16 +249,16 @@ class Actor:
                 for edge_id, edge in edges.items():
                     for data in self._final_buffers.pop((rid, edge_id), []):
                         await self._send_chunk(edge_id, rid, data)
-                    self._send(self._peer(edge, rid), m.RequestEnd(rid, edge_id, emit.end_meta or {}))
+                    self.outbox.send(self._peer(edge, rid), m.RequestEnd(rid, edge_id, emit.end_meta or {}))
                 self._forget(rid)
-                self._send(KERNEL, m.RequestLeft(rid, self.spec.name))
+                self.outbox.send(KERNEL, m.RequestLeft(rid, self.spec.name))
         except Exception as exc:
             if rid in self._opened:
                 log.warning("%s could not send the output of %s: %s: %s", self.name, rid, type(exc).__name__, exc)
                 self._fail(rid, getattr(exc, "kind", "stage_failed"), f"{type(exc).__name__}: {exc}")
 
     def _fail(self, rid: str, kind: str, message: str) -> None:
-        self._send(KERNEL, m.RequestError(rid, self.spec.name, kind, message))
+        self.outbox.send(KERNEL, m.RequestError(rid, self.spec.name, kind, message))
         self.driver.post_cancel(rid)
         self._forget(rid)
 
@@ -280,11 +280,11 @@ class Actor:
             if not self.driver.wants_step():
                 self._wake.clear()
                 if not self.driver.wants_step():
-                    await self._wake.wait()
+                    await self.lanes.wait("idle", self._wake.wait())
                     continue
-            emits, taken = await loop.run_in_executor(self._pool, self._step)
+            emits, taken = await self.lanes.wait("compute", loop.run_in_executor(self._pool, self._step))
             for chunk in taken:
-                self._send(chunk.producer, m.EdgeCredit(chunk.edge, self.name, chunk.tokens))
+                self.outbox.send(chunk.producer, m.EdgeCredit(chunk.edge, self.name, chunk.tokens))
             for emit in emits:
                 await self._emit(emit)
 
@@ -298,8 +298,12 @@ class Actor:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            self._send(KERNEL, m.ActorHeartbeat(self.spec.name, self.replica, self.stats()))
+            self.outbox.send(KERNEL, m.ActorHeartbeat(self.spec.name, self.replica, self.stats()))
             await asyncio.sleep(HEARTBEAT_S)
 
     def stats(self) -> dict[str, Any]:
-        return {**self.driver.stats(), "dropped_messages": self.mailbox.dropped, "time": time.time()}
+        """`time_s`: the loop's lanes (they add up to the wall time), the compute thread's `step` seconds and
+        the stage's own parts (e.g. "gpu")."""
+        stats = self.driver.stats()
+        time_s = {**stats.get("time_s", {}), "step": stats["step_seconds"], **self.lanes.seconds()}
+        return {**stats, "time_s": time_s, "dropped_messages": self.mailbox.dropped, "time": time.time()}
