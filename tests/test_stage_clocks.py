@@ -107,3 +107,27 @@ def test_a_live_kernels_clocks_reach_metrics():
     parts = _time_samples(text, "generator.0")
     assert set(LANES) | {"recv", "step"} <= set(parts) and parts["compute"] > 0
     assert re.search(r"^# TYPE omni_stage_time_seconds(_total)? counter$", text, re.M)
+
+
+@pytest.mark.gpu
+def test_gpu_clock_times_the_gpu_work_between_its_events_and_stays_out_of_captures():
+    import torch
+
+    clock = GpuClock("cuda")
+    x = torch.randn(2048, 2048, device="cuda")
+    torch.cuda.synchronize()
+    clock.start()
+    for _ in range(20):
+        x = (x @ x) * 1e-3
+    clock.stop()  # never waits for the GPU: the pair is read once it has completed
+    torch.cuda.synchronize()
+    busy = clock.seconds()
+    assert busy > 0 and not clock._pending
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # recording an event inside a capture would break it
+        clock.start()
+        y = x @ x
+        clock.stop()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert y.isfinite().all() and clock.seconds() == busy
