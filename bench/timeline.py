@@ -7,7 +7,8 @@ requests) it reads every stage replica's clocks from omnid's /metrics before and
 splits the replica's wall time over the level into
 
   idle     its loop waited for input (nothing to do)
-  feed     handing inputs to the stage and the hop to the compute thread (compute lane - step)
+  feed     the compute thread's round outside stage.step (compute lane - step): handing inputs to the
+           stage (open/feed), the payload channel's fence, the stage's stats, the thread hop
   host     inside stage.step, the host's share (step - gpu; all of step off CUDA)
   gpu      inside stage.step, the GPU's span of the step's forwards (CUDA events)
   emit     its loop sending outputs: payload-channel writes, bus sends, credits

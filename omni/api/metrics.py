@@ -76,7 +76,8 @@ class _StageCollector:
                                                            labels=["stage"])
                 families[name].add_metric([stage], float(value))
         yield from families.values()
-        yield time_s
+        if time_s.samples:
+            yield time_s
 
 
 class ApiMetrics:
