@@ -36,10 +36,10 @@ class GpuClock:
 
     def stop(self) -> None:
         """End the pair `start` opened (a no-op when none is open)."""
-        if self._open is None:
+        begin, self._open = self._open, None
+        if begin is None or self._torch.cuda.is_current_stream_capturing():
             return
-        self._pending.append((self._open, self._record()))
-        self._open = None
+        self._pending.append((begin, self._record()))
         if len(self._pending) > MAX_PENDING:
             self._spare.extend(self._pending.popleft())
         self._collect()
