@@ -153,6 +153,7 @@ def test_graphs_on_and_off_agree_on_cuda(ckpt, exact_cuda):
     assert got == want
     stats = engine.stats()
     assert stats["graphs_disabled"] is None and stats["graphs"] >= 2 and stats["decode_graph_steps"] > 10
+    assert stats["time_s"]["gpu"] > 0  # the engine's GPU clock (omni/stages/gpu_clock.py) saw its steps
     cpu, _ = _run(_thinker(ckpt))
     assert want == cpu  # the CUDA path gives the CPU path's greedy tokens
 

@@ -20,17 +20,47 @@ _TPS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
 _SKIP = {"time"}  # stage fields that are not measurements
 
 
+class _StageClocks:
+    """Each replica's clocks (`time_s`: seconds per part of its timeline, omni/lane_clock.py) as
+    counters that never go down. A restarted replica's process counts from zero again (it is seen
+    by a new PID, or by a clock that went back), so what the previous process had counted is
+    carried: the seconds it ran after its last report before it died are all that is lost."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[int, dict[str, float]]] = {}  # stage -> (last PID seen up, last clocks)
+        self._carried: dict[str, dict[str, float]] = {}
+
+    def totals(self, stage: str, pid: int, parts: dict[str, float]) -> dict[str, float]:
+        last_pid, last = self._last.get(stage, (0, {}))
+        carried = self._carried.setdefault(stage, {})
+        restarted = bool(pid and last_pid and pid != last_pid)
+        for part, value in last.items():
+            if restarted or parts.get(part, value) < value:
+                carried[part] = carried.get(part, 0.0) + value
+        self._last[stage] = (pid or last_pid, dict(parts))
+        return {part: carried.get(part, 0.0) + parts.get(part, 0.0) for part in {*carried, *parts}}
+
+
 class _StageCollector:
     """Turns the last `kernel.stats()` snapshot into metrics per stage: fields named `*_total` are
-    counters (the kernel keeps them monotone), the rest gauges. A replica that is not up reports
-    pid 0, which is left out: a down stage shows no PID."""
+    counters (the kernel keeps them monotone), the rest gauges; the clocks (`time_s`) are the counter
+    `omni_stage_time_seconds_total{stage, part}`. A replica that is not up reports pid 0, which is
+    left out: a down stage shows no PID."""
 
     def __init__(self) -> None:
         self.snapshot: dict[str, dict] = {}
+        self.clocks = _StageClocks()
 
     def collect(self):
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        time_s = CounterMetricFamily("omni_stage_time_seconds", "seconds of each replica's timeline by part: "
+                                     "its loop's lanes (they add up to its wall time), step, recv, gpu",
+                                     labels=["stage", "part"])
         for stage, fields in sorted(self.snapshot.items()):
+            if isinstance((fields or {}).get("time_s"), dict):
+                totals = self.clocks.totals(stage, int(fields.get("pid") or 0), fields["time_s"])
+                for part, seconds in sorted(totals.items()):
+                    time_s.add_metric([stage, part], seconds)
             for key, value in sorted((fields or {}).items()):
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or key in _SKIP:
                     continue
@@ -46,6 +76,8 @@ class _StageCollector:
                                                            labels=["stage"])
                 families[name].add_metric([stage], float(value))
         yield from families.values()
+        if time_s.samples:
+            yield time_s
 
 
 class ApiMetrics:

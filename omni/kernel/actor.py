@@ -19,13 +19,15 @@ from typing import Any
 
 from omni.kernel import messages as m
 from omni.kernel.bus import Mailbox, Outbox
-from omni.kernel.channels import ChannelFull, Readers, channel_of, is_array, load_channel
+from omni.kernel.channels import ChannelFull, Readers, channel_of, load_channel
 from omni.kernel.driver import Chunk, End, Open, StageDriver
 from omni.kernel.errors import PayloadTooLarge
 from omni.kernel.graph import OUT, EdgeSpec, Graph
 from omni.kernel.routing import inputs_expected, replica_of
 from omni.kernel.rundir import KERNEL, actor_name, endpoint, shm_owner
 from omni.kernel.stage import Emit
+from omni.lane_clock import LaneClock
+from omni.transport.arrays import is_array, rows_of
 
 log = logging.getLogger("omni.actor")
 
@@ -60,22 +62,24 @@ class Actor:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"compute-{self.name}")
         self._stopping = asyncio.Event()
         self._main_task: asyncio.Task | None = None
+        self.lanes = LaneClock("setup", ("emit", "idle", "compute", "credit_wait"))  # where the loop's time goes
 
     # ---- lifecycle ----------------------------------------------------------------------
 
     async def run(self) -> None:
         """Bind, set the stage up, report ready, then serve until shutdown."""
-        self.mailbox = Mailbox(self.endpoint, self._dispatch, self.name)
+        self.mailbox = Mailbox(self.endpoint, self.lanes.timed("recv", self._dispatch), self.name)
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._pool, self.driver.setup)
         except Exception as exc:
             log.exception("stage %s failed to set up", self.name)
-            self._send(KERNEL, m.ActorFailed(self.spec.name, self.replica, f"{type(exc).__name__}: {exc}"))
+            self.outbox.send(KERNEL, m.ActorFailed(self.spec.name, self.replica, f"{type(exc).__name__}: {exc}"))
             await asyncio.sleep(0.1)
             return self.close()
+        self.lanes.enter("emit")  # the loop's own work: sending outputs and credits
         self.mailbox.start()
-        self._send(KERNEL, m.ActorReady(self.spec.name, self.replica, os.getpid()))
+        self.outbox.send(KERNEL, m.ActorReady(self.spec.name, self.replica, os.getpid()))
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         self._main_task = asyncio.create_task(self._main_loop())
         try:
@@ -112,14 +116,14 @@ class Actor:
                 self._opened[msg.rid] = set(msg.skip)
                 self.driver.post(Open(msg.rid, msg.params, inputs_expected(self.graph, self.spec.name, msg.skip)))
                 for dst in {e.dst for e in self._edges_of(msg.rid).values()} - {OUT}:
-                    self._send(replica_of(self.graph, dst, msg.rid), msg)
+                    self.outbox.send(replica_of(self.graph, dst, msg.rid), msg)
             case m.RequestChunk():
                 data, tokens = self.readers.read(msg, frames)
                 edge = self.graph.edges[msg.edge]
                 producer = replica_of(self.graph, edge.src, msg.rid)
                 rows = msg.rows or [msg.rid]
                 for i, rid in enumerate(rows):  # a batch: a chunk per row, the slots' credit with the last
-                    part, last = _rows(data, slice(i, i + 1)) if msg.rows else data, i + 1 == len(rows)
+                    part, last = rows_of(data, slice(i, i + 1)) if msg.rows else data, i + 1 == len(rows)
                     self.driver.post(Chunk(rid, edge.dst_port, part, msg.edge, producer if last else "",
                                            tokens if last else []))
             case m.RequestEnd():
@@ -130,7 +134,7 @@ class Actor:
             case m.EdgeCredit():
                 self._on_credit(msg)
             case m.StatsQuery():
-                self._send(KERNEL, m.StatsReply(msg.token, self.spec.name, self.replica, self.stats()))
+                self.outbox.send(KERNEL, m.StatsReply(msg.token, self.spec.name, self.replica, self.stats()))
             case m.PeerUpdate():
                 self._reset_peer(actor_name(msg.stage, msg.replica))
             case m.ActorShutdown():
@@ -177,7 +181,7 @@ class Actor:
 
     async def _credit(self) -> None:
         self._credit_event.clear()
-        await self._credit_event.wait()
+        await self.lanes.wait("credit_wait", self._credit_event.wait())
 
     # ---- outbound ---------------------------------------------------------------------------
 
@@ -185,9 +189,6 @@ class Actor:
         if channel not in self._writers:
             self._writers[channel] = load_channel(channel).writer(self._owner, self.spec.arena_bytes)
         return self._writers[channel]
-
-    def _send(self, peer: str, msg: m.Msg, frames: list[Any] | None = None) -> bool:
-        return self.outbox.send(peer, msg, frames)
 
     def _peer(self, edge: EdgeSpec, rid: str) -> str:
         return KERNEL if edge.dst == OUT else replica_of(self.graph, edge.dst, rid)
@@ -215,7 +216,7 @@ class Actor:
             self._free_slots(payloads)
             raise
         batch = rids if len(rids) > 1 else []
-        if not self._send(peer, m.RequestChunk(rids[0], edge_id, meta, payloads, batch), frames):
+        if not self.outbox.send(peer, m.RequestChunk(rids[0], edge_id, meta, payloads, batch), frames):
             return self._free_slots(payloads)  # the consumer is gone; the supervisor fails the request
         link.credits -= 1
         link.outstanding.extend(t for t in map(self.readers.token, payloads) if t is not None)
@@ -250,9 +251,9 @@ class Actor:
                 for edge_id, edge in self._edges_of(rid).items():
                     for data in self._final_buffers.pop((rid, edge_id), []):
                         await self._send_chunk(edge_id, [rid], data)
-                    self._send(self._peer(edge, rid), m.RequestEnd(rid, edge_id, emit.end_meta or {}))
+                    self.outbox.send(self._peer(edge, rid), m.RequestEnd(rid, edge_id, emit.end_meta or {}))
                 self._forget(rid)
-                self._send(KERNEL, m.RequestLeft(rid, self.spec.name))
+                self.outbox.send(KERNEL, m.RequestLeft(rid, self.spec.name))
         except Exception as exc:
             for rid in (r for r in rows if r in self._opened):
                 log.warning("%s could not send the output of %s: %s: %s", self.name, rid, type(exc).__name__, exc)
@@ -269,14 +270,14 @@ class Actor:
                     alone = edge.dst == OUT or edge.mode == "final"
                     groups.setdefault(rid if alone else self._peer(edge, rid), []).append(i)
             for idx in groups.values():
-                rids, part = [rows[i] for i in idx], data if len(idx) == len(rows) else _rows(data, idx)
+                rids, part = [rows[i] for i in idx], data if len(idx) == len(rows) else rows_of(data, idx)
                 if edge.mode == "final":
                     self._final_buffers.setdefault((rids[0], edge_id), []).append(part)
                 else:
                     await self._send_chunk(edge_id, rids, part)
 
     def _fail(self, rid: str, kind: str, message: str) -> None:
-        self._send(KERNEL, m.RequestError(rid, self.spec.name, kind, message))
+        self.outbox.send(KERNEL, m.RequestError(rid, self.spec.name, kind, message))
         self.driver.post_cancel(rid)
         self._forget(rid)
 
@@ -298,11 +299,11 @@ class Actor:
             if not self.driver.wants_step():
                 self._wake.clear()
                 if not self.driver.wants_step():
-                    await self._wake.wait()
+                    await self.lanes.wait("idle", self._wake.wait())
                     continue
-            emits, taken = await loop.run_in_executor(self._pool, self._step)
+            emits, taken = await self.lanes.wait("compute", loop.run_in_executor(self._pool, self._step))
             for chunk in (c for c in taken if c.producer):  # the rows of a batch but its last owe none
-                self._send(chunk.producer, m.EdgeCredit(chunk.edge, self.name, chunk.tokens))
+                self.outbox.send(chunk.producer, m.EdgeCredit(chunk.edge, self.name, chunk.tokens))
             for emit in emits:
                 await self._emit(emit)
 
@@ -316,13 +317,12 @@ class Actor:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            self._send(KERNEL, m.ActorHeartbeat(self.spec.name, self.replica, self.stats()))
+            self.outbox.send(KERNEL, m.ActorHeartbeat(self.spec.name, self.replica, self.stats()))
             await asyncio.sleep(HEARTBEAT_S)
 
     def stats(self) -> dict[str, Any]:
-        return {**self.driver.stats(), "dropped_messages": self.mailbox.dropped, "time": time.time()}
-
-
-def _rows(data: dict[str, Any], rows: list[int] | slice) -> dict[str, Any]:
-    """Those rows of a batched chunk's arrays (its other values as they are)."""
-    return {k: v[rows] if is_array(v) else v for k, v in data.items()}
+        """`time_s`: the loop's lanes (they add up to the wall time), the compute thread's `step` seconds and
+        the stage's own parts (e.g. "gpu")."""
+        stats = self.driver.stats()
+        time_s = {**stats.get("time_s", {}), "step": stats["step_seconds"], **self.lanes.seconds()}
+        return {**stats, "time_s": time_s, "dropped_messages": self.mailbox.dropped, "time": time.time()}

@@ -19,6 +19,7 @@ from typing import Any
 
 from omni.kernel.graph import OUT, EdgeSpec, Graph
 from omni.kernel.messages import PayloadDesc, RequestChunk
+from omni.transport.arrays import is_array
 
 CHANNELS: dict[str, str] = {
     "inline": "omni.transport.inline:InlineChannel",
@@ -73,12 +74,6 @@ def release_leftovers(graph: Graph, owner: str, pid: int = 0) -> None:
             _load(target)(arg)
         except Exception:
             pass
-
-
-def is_array(value: Any) -> bool:
-    """True for numpy arrays and tensors (anything with an array interface), without torch."""
-    return (hasattr(value, "__array_interface__") or hasattr(value, "__cuda_array_interface__")
-            or type(value).__module__.startswith("torch"))
 
 
 class Readers:

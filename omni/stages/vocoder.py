@@ -23,6 +23,7 @@ import numpy as np
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.stages.args import VocoderArgs, coerce_args
+from omni.stages.gpu_clock import GpuClock
 from omni.stages.threads import pin_torch_threads
 
 GPU_MAX_BATCH, CPU_MAX_BATCH = 128, 8  # on a GPU, 64+ streams' chunks in one forward
@@ -131,6 +132,7 @@ class VocoderStage(Stage):
         self._max_batch = ctx.args.max_batch or None
         self.decoded_frames = 0
         self.forwards = 0
+        self.gpu_clock = GpuClock()  # on the codec's device once set up
 
     def build_codec(self) -> StreamingCodec:
         raise NotImplementedError("pass a codec or override build_codec")
@@ -139,6 +141,7 @@ class VocoderStage(Stage):
         pin_torch_threads(self.ctx.args.threads)
         if self.codec is None:
             self.codec = self.build_codec()
+        self.gpu_clock = GpuClock(getattr(self.codec, "device", "cpu"))
 
     @property
     def on_gpu(self) -> bool:
@@ -217,6 +220,7 @@ class VocoderStage(Stage):
         for e in emits:
             del self.requests[e.rid]
         launched = []  # every forward is launched before any PCM is copied back
+        self.gpu_clock.start()
         for batch in self._next_batches():
             n = self.requests[batch[0]].due()
             codes = _join([self.requests[rid].take(n) for rid in batch], stack=True)
@@ -227,6 +231,7 @@ class VocoderStage(Stage):
             launched.append((batch, reqs, n, self.codec.decode_frames(codes, [r.stream for r in reqs])))
             self.forwards += 1
             self.decoded_frames += n * len(reqs)
+        self.gpu_clock.stop()
         for batch, reqs, n, pcm in launched:
             for rid, r, samples in zip(batch, reqs, _host_pcm(pcm)):
                 r.decoded_frames += n
@@ -256,7 +261,8 @@ class VocoderStage(Stage):
 
     def stats(self) -> dict[str, Any]:
         return {"running": len(self.requests), "buffered_frames": self.backlog(),
-                "decoded_frames": self.decoded_frames, "forwards": self.forwards, "max_batch": self.max_batch}
+                "decoded_frames": self.decoded_frames, "forwards": self.forwards, "max_batch": self.max_batch,
+                **({"time_s": {"gpu": self.gpu_clock.seconds()}} if self.gpu_clock.on else {})}
 
     def _next_batches(self) -> list[list[str]]:
         """Due requests grouped by their next chunk's shape (frames and the codec's batch key: a

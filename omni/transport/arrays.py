@@ -39,3 +39,14 @@ def from_buffer(buffer: Any, dtype: str, shape: list[int]) -> Any:
 
 def torch_loaded() -> bool:
     return "torch" in sys.modules
+
+
+def is_array(value: Any) -> bool:
+    """True for numpy arrays and tensors (anything with an array interface), without torch."""
+    return (hasattr(value, "__array_interface__") or hasattr(value, "__cuda_array_interface__")
+            or type(value).__module__.startswith("torch"))
+
+
+def rows_of(data: dict[str, Any], rows: list[int] | slice) -> dict[str, Any]:
+    """Those rows of a batched chunk's arrays (its other values as they are)."""
+    return {k: v[rows] if is_array(v) else v for k, v in data.items()}

@@ -24,6 +24,7 @@ from omni.stages.ar.sampler import Sampler
 from omni.stages.ar.scheduler import Scheduler
 from omni.stages.ar.sequence import FinishReason, SamplingParams, Sequence
 from omni.stages.ar.tap_store import TapStore
+from omni.stages.gpu_clock import GpuClock
 
 
 _gen_ids = itertools.count()
@@ -92,6 +93,7 @@ class AREngine:
         self.num_steps = 0
         self.num_generated = 0
         self.num_computed = 0  # tokens run through the model (prefix-cache hits are not)
+        self.gpu_clock = GpuClock(config.device)  # the GPU's span of each step's forward and sampling
 
     def warmup(self, tap_variants: list[tuple[int, ...]] | None = None) -> int:
         """Capture every decode graph serving can hit (on CUDA, with `cuda_graphs`), so that no
@@ -171,6 +173,7 @@ class AREngine:
                 self.sampler.assign(item.seq)
         taps = self.config.tap_layers if any(s.seq.return_hidden for s in sched.scheduled) else ()
         batch = self.runner.prepare(sched.scheduled, taps)
+        self.gpu_clock.start()
         out = self.runner.run(batch)
         self.num_steps += 1
         self.num_computed += sched.num_tokens
@@ -192,12 +195,14 @@ class AREngine:
                 logits = self.runner.logits(hidden)
                 tokens = self.sampler.sample(logits, self.sampler.slots_of(seqs), self.sampler.mode_for(seqs), seqs)
             extras = self.model.after_sample(seqs, tokens, hidden)
+            self.gpu_clock.stop()
             if isinstance(extras, AfterSample):  # the model's copy brought the ids to the host already
                 extras, token_ids = extras.extras, extras.token_ids
             else:
                 token_ids = tokens.tolist()  # the step's one host sync
             entries = self._logprobs(seqs, hidden, logits, token_ids)
 
+        self.gpu_clock.stop()  # a step that samples nothing (a prefill chunk) ends its pair here
         results: dict[str, StepOutput] = {}
         blocks = self.scheduler.blocks
         for span in batch.spans:
@@ -282,6 +287,7 @@ class AREngine:
             "prefix_cache_queried_tokens": blocks.queried_tokens,
             "prefix_cache_hit_rate": blocks.hit_tokens / blocks.queried_tokens if blocks.queried_tokens else 0.0,
             **(self.runner.graphs.stats() if self.runner.graphs is not None else {}),
+            **({"time_s": {"gpu": self.gpu_clock.seconds()}} if self.gpu_clock.on else {}),
         }
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:

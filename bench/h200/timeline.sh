@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Issue 23 (1): where every millisecond goes, on one H200 (bench/timeline.py). Full-size random bf16 weights,
+# omnid as the README's GPU command starts it (--device cuda --dtype bfloat16, nothing else), per-stage
+# timelines at c = 1, 16, 64 for both families, with nvidia-smi's utilisation beside them:
+#   omni          Qwen3-Omni-30B-A3B (presets_full), default slots, c = 1,16,64, 32 thinker tokens + 64 frames
+#   omni-slots64  the same with max_num_seqs=64 for thinker and talker, c = 64 (more slots, less throughput?)
+#   tts           Qwen3-TTS 12Hz-1.7B CustomVoice (make-tiny --preset full-1.7b), voice vivian, c = 1,16,64, 64 frames
+#   tts-slots64   the same with talker max_num_seqs=64, c = 64
+# carry: .whl (omni's wheels). ~5-6 min. -> $OUT/timeline-*.md, $OUT/timeline-*.json, $OUT/timeline.log,
+# $OUT/omnid_tails.log. Environment: VARIANTS (default "omni omni-slots64 tts tts-slots64"), TOTAL_S (540:
+# a variant that would start past it is skipped), LEVEL_S (40: no new request past it in a level),
+# TIMELINE_ARGS (more bench/timeline.py arguments for every variant), SCALED=1 (a CPU dry run of this script:
+# tiny checkpoints, c = 1,2, short requests).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+R=${R:-/tmp/rtl}
+mkdir -p "$R" "$OUT"
+t0=$(date +%s)
+if [ -z "${SCALED:-}" ] && [ ! -d /tmp/whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/whl .whl/*.whl \
+    > "$R/pip.log" 2>&1 || { echo "wheel install failed"; tail -5 "$R/pip.log"; }
+fi
+export PYTHONPATH=/tmp/whl:$PWD
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | tee "$R/gpu.txt"
+if [ -n "${SCALED:-}" ]; then
+  device=(--device cpu) omni_make=(make-tiny qwen3-omni --preset tiny-a) tts_preset=tiny-a tts_device=cpu
+  levels=1,2 high=2 tokens=(--max-tokens 4 --audio-tokens 8) frames=(--frames 8)
+else
+  device=(--device cuda --dtype bfloat16) omni_make=() tts_preset=full-1.7b tts_device=cuda
+  levels=1,16,64 high=64 tokens=(--max-tokens 32 --audio-tokens 64) frames=(--frames 64)
+fi
+log() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a "$R/timeline.log"; }
+
+model_dir() {  # family -> a model dir with full-size random weights (drawn at start for Qwen3-Omni)
+  case $1 in
+    omni) if [ ! -d "$R/omni-model" ]; then
+            if [ -n "${SCALED:-}" ]; then python3 -m omni.api.cli "${omni_make[@]}" "$R/omni-model"
+            else python3 -c "from omni.models.qwen3_omni.checkpoint.presets_full import write_random_model_dir as w
+w('$R/omni-model')"; fi >> "$R/timeline.log" 2>&1
+          fi; echo "$R/omni-model" ;;
+    tts) [ -d "$R/tts-model" ] || python3 -m omni.api.cli make-tiny qwen3-tts "$R/tts-model" --kind custom-voice \
+           --preset $tts_preset --device $tts_device >> "$R/timeline.log" 2>&1; echo "$R/tts-model" ;;
+  esac
+}
+
+for variant in ${VARIANTS:-omni omni-slots64 tts tts-slots64}; do
+  left=$(( ${TOTAL_S:-540} - ($(date +%s) - t0) ))
+  if [ $left -lt 90 ]; then log "$variant skipped: ${left} s left"; continue; fi
+  family=${variant%%-*}
+  case $variant in
+    omni) extra=(--concurrency $levels "${tokens[@]}") ;;
+    omni-slots64) extra=(--concurrency $high "${tokens[@]}" --set thinker.args.max_num_seqs=64
+                         --set talker.args.max_num_seqs=64) ;;
+    tts) extra=(--concurrency $levels "${frames[@]}") ;;
+    tts-slots64) extra=(--concurrency $high "${frames[@]}" --set talker.args.max_num_seqs=64) ;;
+    *) log "unknown variant $variant"; continue ;;
+  esac
+  dir=$(model_dir "$family")
+  log "$variant: $dir (${left} s left)"
+  timeout -k 10 $(( left - 10 )) python3 bench/timeline.py --family "$family" --model "$dir" "${device[@]}" \
+    --label "$variant" --out-dir "$R" --level-s ${LEVEL_S:-40} --start-s 240 "${extra[@]}" \
+    ${TIMELINE_ARGS:-} > "$R/timeline-$variant.log" 2>&1
+  log "$variant: rc=$?"
+  grep -E "healthy|^  ok|c=[0-9]+:" "$R/timeline-$variant.log" | tee -a "$R/timeline.log"
+done
+cp "$R"/timeline*.md "$R"/timeline*.json "$R/timeline.log" "$OUT/" 2>/dev/null
+tail -n 15 "$R"/omnid-*.log > "$OUT/omnid_tails.log" 2>/dev/null
+log "done"
