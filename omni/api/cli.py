@@ -119,6 +119,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
                         help="CUDA MPS for GPU stages sharing a device (auto: when two or more do and "
                              "nvidia-cuda-mps-control is found)")
+    parser.add_argument("--no-side-models", action="store_true",
+                        help="serve only --model: no real Whisper beside a model that cannot transcribe truthfully")
     parser.add_argument("--log-level", default="INFO", help="logging level")
 
 
@@ -299,7 +301,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 async def _serve_graph(args: argparse.Namespace, graph, info, stages: list[str], config) -> None:
-    from omni.api.app import ServedModel, build_app
+    from omni.api.app import STATE, ServedModel, build_app
     from omni.api.server import HttpServer, serve_until_signal
     from omni.kernel.errors import StageStartError
     from omni.kernel.kernel import Kernel
@@ -313,7 +315,7 @@ async def _serve_graph(args: argparse.Namespace, graph, info, stages: list[str],
         raise CliError(f"a stage did not start: {exc}") from None
     _say("omnid: stages up: " + ", ".join(f"{k}={v}" for k, v in kernel.health().items()))
     extras: list[ServedModel] = []
-    for extra_graph, extra_info in embedded_extra_models(args):
+    for extra_graph, extra_info in embedded_extra_models(args, info):
         extra = Kernel(extra_graph, mode=args.mode, max_inflight=args.max_concurrent)
         try:
             await extra.start()
@@ -322,9 +324,10 @@ async def _serve_graph(args: argparse.Namespace, graph, info, stages: list[str],
             log.warning("not serving %s: a stage did not start: %s", extra_info.id, exc)
             continue
         extras.append(ServedModel(extra, extra_info, [s.name for s in extra_graph.stages]))
-        _say(f"omnid: also serving {extra_info.id!r} (family {extra_info.family})"
-             + (" for /v1/audio/transcriptions" if extra_info.transcribes else ""))
+        _say(f"omnid: also serving {extra_info.id!r} (family {extra_info.family})")
     app = build_app(kernel, info, stages, config, extra_models=extras)
+    for line in app[STATE].who_serves():
+        _say("omnid: " + line)
     server = HttpServer(app, config.host, config.port)
     await serve_until_signal(server, _Kernels([kernel, *(m.kernel for m in extras)]), config.drain_timeout_s,
                              on_listening=_say)
@@ -375,17 +378,18 @@ def run_family_main(command: str, target: str, argv: list[str]) -> int:
         raise CliError(f"{command} failed: {exc}") from None
 
 
-def embedded_extra_models(args: argparse.Namespace) -> list[tuple]:
-    """(graph, info) of the models served beside the embedded default (each family registered
-    `beside` whose model is available here, e.g. a transcriber). None when a model was chosen."""
+def embedded_extra_models(args: argparse.Namespace, info=None) -> list[tuple]:
+    """(graph, info) of the models served beside the main one (`info`; None: the embedded default):
+    each family registered `beside` (a real transcriber) whose model is available here, whenever the
+    main model cannot transcribe truthfully itself (it does not transcribe, or its weights are
+    random), so that `whisper-1` never names noise. `--no-side-models`: none."""
     from omni.kernel.registry import REGISTRY, resolve
 
-    table = config_model_table(args.config)
-    if args.model or args.family or table.get("path") or table.get("family"):
+    if getattr(args, "no_side_models", False) or (info is not None and info.transcribes and not info.random_weights):
         return []
     models = []
     for entry in REGISTRY.defaults:
-        if not entry.beside:
+        if not entry.beside or (info is not None and info.family == entry.family):
             continue
         try:
             path = resolve(entry.target)(cache_dir())
