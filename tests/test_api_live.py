@@ -180,8 +180,9 @@ def test_transcription_without_a_transcribing_model_is_a_clear_400(client):
 
 
 def test_unknown_voice_lists_known_ones_and_unknown_model_is_404(client):
-    with pytest.raises(openai.BadRequestError, match="tone"):
-        client.audio.speech.create(model=MODEL, voice="alloy", input="x")
+    with pytest.raises(openai.BadRequestError, match="tone") as refused:
+        client.audio.speech.create(model=MODEL, voice="nobody", input="x")
+    assert refused.value.body["code"] == "unknown_voice" and refused.value.body["param"] == "voice"
     with pytest.raises(openai.BadRequestError, match="voices are: tone"):
         chat(client, modalities=["text", "audio"], audio={"voice": "nobody", "format": "wav"})
     with pytest.raises(openai.NotFoundError, match="not served"):

@@ -123,9 +123,10 @@ def test_transcription_equals_transformers(client, server, oracle):
 
 
 def test_unknown_voice_is_a_400_listing_voices(client, server):
-    with pytest.raises(openai.BadRequestError, match="chelsie"):
+    with pytest.raises(openai.BadRequestError, match="chelsie") as refused:
         client.chat.completions.create(model=server.info.id, messages=[{"role": "user", "content": "hi"}],
-                                       modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"})
+                                       modalities=["text", "audio"], audio={"voice": "nobody", "format": "wav"})
+    assert refused.value.body["code"] == "unknown_voice"
 
 
 def test_make_tiny_subcommand_with_family_seed_and_preset(tmp_path):
