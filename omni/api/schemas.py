@@ -21,6 +21,7 @@ Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]  # OpenAI's presence / frequen
 MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
 LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=1024)]
 ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus", "aac"]
+MAX_CHOICES = 16  # `n`: answers to one request
 SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
 
 
@@ -98,7 +99,7 @@ class ChatCompletionRequest(Struct):
     stop: Union[str, Annotated[list[str], Meta(max_length=16)], None] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[int, Meta(ge=1, le=1)] = 1
+    n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] = 1
     stage_sampling: dict[str, StageSampling] | None = None
     user: str | None = None
     ignore_eos: bool | None = None  # vLLM's extension: the thinker does not stop at EOS
@@ -171,7 +172,12 @@ def decode_body(body: bytes, cls: type) -> object:
     except msgspec.ValidationError as exc:
         text = str(exc)
         param = text.rpartition(" - at `$.")[2].rstrip("`") if " - at `$." in text else None
-        raise ApiError(400, f"invalid request: {text}", param=param, code="invalid_value") from None
+        what = text.partition(" - at `$.")[0]
+        if param and what.startswith("Expected "):  # "Expected `int` <= 16 - at `$.n`" in the client's words
+            message = f"invalid value for {param!r}: expected {what[len('Expected '):]}"
+        else:
+            message = f"invalid request: {text}"
+        raise ApiError(400, message, param=param, code="invalid_value") from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"body is not valid JSON: {exc}", code="invalid_json") from None
     except RecursionError:  # msgspec recurses per nesting level, also through fields it skips
