@@ -40,7 +40,8 @@ def test_models_list_and_retrieve(client):
     ids = [m.id for m in models.data]
     assert ids[0] == MODEL  # then OpenAI's names of the tasks it does (chat and speech; it does not transcribe)
     assert set(ids[1:]) == {"gpt-4o", "gpt-4o-mini", "gpt-4o-audio-preview", "gpt-4o-mini-audio-preview",
-                            "tts-1", "tts-1-hd", "gpt-4o-mini-tts"}
+                            "gpt-realtime", "gpt-realtime-mini", "gpt-4o-realtime-preview",
+                            "gpt-4o-mini-realtime-preview", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"}
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")

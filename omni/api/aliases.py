@@ -44,6 +44,12 @@ def chats(info) -> bool:
     return CHAT in info.extra.get("tasks", (CHAT,))
 
 
+def completes(info) -> bool:
+    """Whether a chat model also continues raw text (/v1/completions): its family says so with
+    `ModelInfo.extra["completions"]` (its entry stage takes the task "complete")."""
+    return chats(info) and bool(info.extra.get("completions"))
+
+
 def translates(info) -> bool:
     """Whether a model serves /v1/audio/translations (speech in any language -> English text)."""
     return TRANSLATE in info.extra.get("tasks", ())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from omni.api.aliases import chats
+from omni.api.aliases import chats, completes
 from omni.api.errors import ApiError, bad_request, unknown_voice
 from omni.api.media import (
     MODEL_AUDIO_RATE,
@@ -25,8 +25,10 @@ from omni.api.routes_voices import uploaded_voice
 from omni.api.voice_names import OPENAI_VOICES, is_openai_voice, own_voice, voice_description
 from omni.api.schemas import (
     UNSERVED_CHAT_FIELDS,
+    UNSERVED_COMPLETION_FIELDS,
     AudioPart,
     ChatCompletionRequest,
+    CompletionRequest,
     ImagePart,
     SpeechRequest,
     StageSampling,
@@ -116,9 +118,9 @@ def stop_strings(stop: str | list[str] | None) -> list[str]:
     return [s for s in stops if s]
 
 
-def refuse_unserved(req: ChatCompletionRequest) -> None:
+def refuse_unserved(req: ChatCompletionRequest | CompletionRequest, table: dict[str, tuple] = UNSERVED_CHAT_FIELDS) -> None:
     """A 400 naming the first OpenAI parameter set to something omni does not serve (tools...)."""
-    for name, served in UNSERVED_CHAT_FIELDS.items():
+    for name, served in table.items():
         value = getattr(req, name)
         if value is not None and value not in served:
             what = "tool calling is" if name in ("tools", "tool_choice", "functions", "function_call") else f"{name} is"
@@ -137,6 +139,33 @@ def logprobs_asked(state: ServerState, req: ChatCompletionRequest) -> int | None
         raise bad_request(f"model {state.info.id!r} does not report log-probabilities", param="logprobs",
                           code="unsupported_parameter")
     return req.top_logprobs or 0
+
+
+def sampling_fields(req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
+                    logprobs: int | None = None) -> dict:
+    """The request's top-level sampling fields (those set), for the model's sampling stage: the
+    same for chat and text completions, so both draw from the one sampler alike."""
+    base = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
+            "repetition_penalty": req.repetition_penalty, "presence_penalty": req.presence_penalty,
+            "frequency_penalty": req.frequency_penalty, "logit_bias": _logit_bias(req.logit_bias), "seed": req.seed,
+            "max_tokens": max_tokens, "ignore_eos": req.ignore_eos, "logprobs": logprobs}
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def completion_params(state: ServerState, req: CompletionRequest) -> list[dict]:
+    """One params dict per prompt of a text completion (task "complete": the text as it is)."""
+    check_model(state, req.model, chat=True)
+    refuse_unserved(req, UNSERVED_COMPLETION_FIELDS)
+    if not completes(state.info):
+        raise bad_request(f"model {state.info.id!r} does not serve text completions; use /v1/chat/completions",
+                          param="model", code="model_not_supported")
+    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    if not all(isinstance(p, str) for p in prompts):
+        raise bad_request("prompt must be a string or a list of strings (token ids are not served)", param="prompt",
+                          code="invalid_value")
+    base = sampling_fields(req, req.max_tokens)
+    return [{"task": "complete", "prompt": prompt, "messages": [], "modalities": ["text"], "voice": None,
+             "sampling": stage_sampling(state, base, req.stage_sampling)} for prompt in prompts]
 
 
 async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
@@ -162,12 +191,7 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
     for i, msg in enumerate(req.messages):
         messages.append({"role": "system" if msg.role == "developer" else msg.role,
                          "content": await _content(state, msg.content, f"messages[{i}].content", audio_budget)})
-    base = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
-            "repetition_penalty": req.repetition_penalty, "presence_penalty": req.presence_penalty,
-            "frequency_penalty": req.frequency_penalty, "logit_bias": _logit_bias(req.logit_bias), "seed": req.seed,
-            "max_tokens": req.max_completion_tokens or req.max_tokens, "ignore_eos": req.ignore_eos,
-            "logprobs": logprobs_asked(state, req)}
-    base = {k: v for k, v in base.items() if v is not None}
+    base = sampling_fields(req, req.max_completion_tokens or req.max_tokens, logprobs_asked(state, req))
     params = {"task": "chat", "messages": messages, "modalities": modalities, "voice": voice,
               "sampling": stage_sampling(state, base, req.stage_sampling)}
     if wants_audio:  # an uploaded voice of a model that clones voices

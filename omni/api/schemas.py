@@ -116,6 +116,39 @@ class ChatCompletionRequest(Struct):
     prediction: Any = None
 
 
+class CompletionRequest(Struct):
+    """POST /v1/completions (OpenAI's legacy text completions, as vLLM serves them): the prompt is
+    continued as it is, without the chat template."""
+
+    model: str
+    prompt: Union[str, Annotated[list[Any], Meta(min_length=1, max_length=MAX_CHOICES)]]
+    max_tokens: MaxTokens | None = 16  # OpenAI's default
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None
+    seed: Seed | None = None
+    stop: Union[str, Annotated[list[str], Meta(max_length=16)], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] = 1
+    echo: bool = False
+    stage_sampling: dict[str, StageSampling] | None = None
+    user: str | None = None
+    ignore_eos: bool | None = None
+    # OpenAI parameters not served here: refused with a 400 naming them (UNSERVED_COMPLETION_FIELDS)
+    best_of: Any = None
+    logprobs: Any = None
+    suffix: Any = None
+
+
+UNSERVED_COMPLETION_FIELDS: dict[str, tuple] = {"best_of": (1,), "logprobs": (), "suffix": ("",)}
+
+
 # field -> what a request may set it to and still be served (None: any value is refused)
 UNSERVED_CHAT_FIELDS: dict[str, tuple] = {
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
@@ -136,6 +169,7 @@ class SpeechRequest(Struct):
     response_format: SpeechFormat = "mp3"
     speed: Annotated[float, Meta(ge=0.25, le=4.0)] = 1.0
     stream_format: Literal["audio", "sse"] = "audio"
+    stream: bool = False  # omni's: wav streamed as made (0xFFFFFFFF sizes, as OpenAI's); else sent whole, sized
     instructions: str | None = None
     stage_sampling: dict[str, StageSampling] | None = None
     # an inline reference clip for a model that clones voices (vLLM-Omni's names); `voice` is then ignored

@@ -27,6 +27,7 @@ MODULUS = 9973
 SAMPLE_RATE = 24000
 SAMPLES_PER_FRAME = 480  # 20 ms of audio per generated token
 MAX_CONTEXT = 1 << 16  # prompt tokens (bytes) the toy encoder takes
+DEFAULT_MAX_TOKENS = 16  # a request that sets no max_tokens gets this many
 
 
 def _prompt_of(params: dict[str, Any]) -> str:
@@ -112,7 +113,7 @@ class ToyGenerator(Stage):
 
     def open(self, rid: str, params: dict[str, Any]) -> None:
         sampling = params.get("sampling", {}).get(self.ctx.name) or {}
-        max_tokens = int(sampling.get("max_tokens", params.get("max_tokens", 16)))
+        max_tokens = int(sampling.get("max_tokens", params.get("max_tokens", DEFAULT_MAX_TOKENS)))
         if not 1 <= max_tokens <= 100_000:
             raise InvalidRequest(f"max_tokens must be in [1, 100000], got {max_tokens}")
         self.seqs[rid] = _Sequence(max_tokens)
@@ -261,5 +262,5 @@ def needs(params: dict[str, Any]) -> set[str]:
 def build_demo(model_dir: str | None = None, variant: str | None = None, **options: Any) -> tuple[Graph, ModelInfo]:
     info = ModelInfo(id="omni-demo", family="demo", speaks=True, voices=["tone"], sample_rate=SAMPLE_RATE,
                      random_weights=True, max_context=MAX_CONTEXT, sampling_stage="generator",
-                     extra={"audio_input": True})
+                     extra={"audio_input": True, "completions": True, "default_max_tokens": DEFAULT_MAX_TOKENS})
     return demo_graph(), info

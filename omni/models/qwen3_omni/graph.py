@@ -130,7 +130,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         random_weights=tiny or bool(randomized),
         max_context=max_context,
         sampling_stage="thinker",
-        extra={"variant": variant, "model_dir": model_dir, "logprobs": True, "audio_input": True,
+        extra={"variant": variant, "model_dir": model_dir, "logprobs": True, "audio_input": True, "completions": True,
+               "default_max_tokens": lengths["thinker"],
                "openai_voices": openai_voices(model_dir), **_tiny_facts(model_dir, tiny),
                **({"random_load": randomized} if randomized else {})},
     )
