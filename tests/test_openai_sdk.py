@@ -89,6 +89,15 @@ def test_each_choice_of_a_seeded_request_gets_its_own_seed():
     assert second["sampling"]["thinker"] == {"seed": 9, "temperature": 1.0} and params["sampling"]["thinker"]["seed"] == 7
 
 
+def test_a_stage_refusal_reaches_the_client_in_its_own_terms(client):
+    """The demo's encoder refuses an empty prompt: the client reads its reason, not the kernel's
+    "stage encoder: InvalidRequest: ..." wrapping."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=MODEL, prompt="")
+    assert refused.value.body["message"] == "the demo model needs a non-empty text prompt"
+    assert refused.value.body["code"] == "invalid_request"
+
+
 def test_embeddings_is_an_openai_shaped_refusal(client):
     with pytest.raises(openai.BadRequestError, match="embeddings are not supported") as refused:
         client.embeddings.create(model=MODEL, input="hello")
