@@ -5,6 +5,7 @@
                 [--allowed-origins '["*"]'] [--api-key KEY] [--max-concurrent N]    (omnid serve --help: all)
     omnid make-tiny [FAMILY] DIR [the family's flags]    (omnid make-tiny --help lists the families)
     omnid plugins
+    omnid sample-speech FILE    (a short real English sentence, bundled: a first transcription's input)
     omnid NAME ...    (commands the families add, e.g. checkpoint converters: omnid --help lists them)
     omnid --version
 
@@ -64,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("make-tiny", add_help=False, help="write a tiny random checkpoint of a family (for tests): "
                    f"[FAMILY] DIR [flags]; families: {', '.join(sorted(REGISTRY.tiny_writers)) or 'none'}")
     sub.add_parser("plugins", help="list installed omni plugins and what they provide")
+    sub.add_parser("sample-speech", add_help=False, help="write a short bundled English sentence to FILE "
+                   "(a first transcription's input)")
     for command in REGISTRY.commands.values():
         sub.add_parser(command.name, add_help=False, help=command.help)
     return parser
@@ -431,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         REGISTRY.load_plugins()  # their commands and make-tiny writers
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    passes_on = args.command == "make-tiny" or args.command in REGISTRY.commands
+    passes_on = args.command in ("make-tiny", "sample-speech") or args.command in REGISTRY.commands
     if unknown and not passes_on:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=getattr(args, "log_level", "INFO").upper(),
@@ -443,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
             return make_tiny(argv[1:])
         elif args.command == "plugins":
             list_plugins(args)
+        elif args.command == "sample-speech":
+            return run_family_main("sample-speech", "omni.api.sample_speech:main", argv[1:])
         else:
             return run_family_main(args.command, REGISTRY.commands[args.command].target, argv[1:])
     except CliError as exc:
