@@ -52,6 +52,17 @@ def embedded_default_model() -> tuple[str | None, str | None]:
     return str(path), None
 
 
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """`(default: X)` after a flag's help only where it says something: not for None / off / empty
+    defaults, nor where the text already states its default (and never an API key's value)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, [], "", argparse.SUPPRESS) or "default" in text.lower():
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from omni import __version__
     from omni.kernel.registry import REGISTRY
@@ -59,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnid", description="omni's OpenAI-compatible server")
     parser.add_argument("--version", action="version", version=f"omnid {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve a model", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    serve = sub.add_parser("serve", help="serve a model", formatter_class=DefaultsHelp)
     add_serve_args(serve)
     # make-tiny and the families' commands parse their own arguments (main passes them on)
     sub.add_parser("make-tiny", add_help=False, help="write a tiny random checkpoint of a family (for tests): "
@@ -105,7 +116,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="seconds a client of a streamed answer may go without reading")
     parser.add_argument("--max-concurrent", type=int, default=64, help="requests admitted at once (429 beyond)")
     parser.add_argument("--mode", choices=("process", "inline"), default="process",
-                        help="stages as processes (default) or in this process")
+                        help="stages as processes (the default) or in this process")
     parser.add_argument("--served-model-name", nargs="+", default=[], metavar="NAME",
                         help="the model's name in the API (replaces the checkpoint's); further names are aliases")
     parser.add_argument("--allowed-origins", default=None, metavar="ORIGINS",
@@ -123,7 +134,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="CUDA MPS for GPU stages sharing a device (auto: when two or more do and "
                              "nvidia-cuda-mps-control is found)")
     parser.add_argument("--no-side-models", action="store_true",
-                        help="serve only --model: no real Whisper beside a model that cannot transcribe truthfully")
+                        help="serve only --model: no real transcriber (registered beside the default) next to a model that "
+                             "cannot transcribe truthfully")
     parser.add_argument("--log-level", default="INFO", help="logging level")
 
 
