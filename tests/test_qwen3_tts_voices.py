@@ -145,7 +145,7 @@ def test_voices_are_listed_deleted_and_survive_a_restart(ckpt, tmp_path):
         assert [v["id"] for v in listed["data"]] == [created["id"]]
         assert listed["voices"] == ["keeper"]
         np.testing.assert_array_equal(_pcm(_speech(second, voice=created["id"])), before)
-        _error(_speech(second, voice="doomed"), 404, "unknown voice")
+        assert _error(_speech(second, voice="doomed"), 400, "unknown voice")["code"] == "unknown_voice"
 
 
 def test_the_size_bound_evicts_the_least_recently_used(tmp_path):
