@@ -54,7 +54,10 @@ CASES = {
     "unknown part type": (CHAT, user([{"type": "video", "video": "x"}]), 400, "type"),
     "temperature too high": (CHAT, {**user("x"), "temperature": 7}, 400, "temperature"),
     "temperature string": (CHAT, {**user("x"), "temperature": "hot"}, 400, "temperature"),
-    "n=2": (CHAT, {**user("x"), "n": 2}, 400, "n"),
+    "n=0": (CHAT, {**user("x"), "n": 0}, 400, "invalid value for 'n': expected `int` >= 1"),
+    "n=17": (CHAT, {**user("x"), "n": 17}, 400, "invalid value for 'n': expected `int` <= 16"),
+    "n=2 with audio": (CHAT, {**user("x"), "n": 2, "modalities": ["text", "audio"], "audio": {"voice": "tone"}}, 400,
+                       "n=2 answers are served as text only"),
     "max_tokens zero": (CHAT, {**user("x"), "max_tokens": 0}, 400, "max_tokens"),
     "unknown stage": (CHAT, {**user("x"), "stage_sampling": {"nope": {"temperature": 0}}}, 400, "unknown stage"),
     "unknown sampling field": (CHAT, {**user("x"), "stage_sampling": {"generator": {"warmth": 1}}}, 400, "warmth"),
@@ -85,7 +88,7 @@ CASES = {
     "speech bad speed": (SPEECH, {"model": MODEL, "voice": "tone", "input": "x", "speed": 9}, 400, "speed"),
     "speech bad format": (SPEECH, {"model": MODEL, "voice": "tone", "input": "x", "response_format": "ogg-vorbis"},
                           400, "response_format"),
-    "speech unknown voice": (SPEECH, {"model": MODEL, "voice": "alloy", "input": "x"}, 400, "tone"),
+    "speech unknown voice": (SPEECH, {"model": MODEL, "voice": "nobody", "input": "x"}, 400, "tone"),
     "speech missing voice": (SPEECH, {"model": MODEL, "input": "x"}, 400, "voice"),
 }
 

@@ -40,7 +40,8 @@ def test_models_list_and_retrieve(client):
     ids = [m.id for m in models.data]
     assert ids[0] == MODEL  # then OpenAI's names of the tasks it does (chat and speech; it does not transcribe)
     assert set(ids[1:]) == {"gpt-4o", "gpt-4o-mini", "gpt-4o-audio-preview", "gpt-4o-mini-audio-preview",
-                            "tts-1", "tts-1-hd", "gpt-4o-mini-tts"}
+                            "gpt-realtime", "gpt-realtime-mini", "gpt-4o-realtime-preview",
+                            "gpt-4o-mini-realtime-preview", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"}
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
@@ -180,8 +181,9 @@ def test_transcription_without_a_transcribing_model_is_a_clear_400(client):
 
 
 def test_unknown_voice_lists_known_ones_and_unknown_model_is_404(client):
-    with pytest.raises(openai.BadRequestError, match="tone"):
-        client.audio.speech.create(model=MODEL, voice="alloy", input="x")
+    with pytest.raises(openai.BadRequestError, match="tone") as refused:
+        client.audio.speech.create(model=MODEL, voice="nobody", input="x")
+    assert refused.value.body["code"] == "unknown_voice" and refused.value.body["param"] == "voice"
     with pytest.raises(openai.BadRequestError, match="voices are: tone"):
         chat(client, modalities=["text", "audio"], audio={"voice": "nobody", "format": "wav"})
     with pytest.raises(openai.NotFoundError, match="not served"):

@@ -122,10 +122,33 @@ def test_transcription_equals_transformers(client, server, oracle):
     assert got.text == ref.text
 
 
+def test_text_completion_continues_the_raw_prompt_as_transformers_does(client, server, oracle):
+    """/v1/completions: the prompt tokenized as it is (no chat template), greedy tokens equal to
+    transformers' generate on those ids; n=2 seeded choices are reproducible and use seed + i."""
+    import torch
+
+    prompt = "The capital of France is"
+    ids = oracle.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        want = oracle.hf.thinker.generate(input_ids=ids, max_new_tokens=6, do_sample=False)[0, ids.shape[1]:].tolist()
+    got = client.completions.create(model=server.info.id, prompt=prompt, max_tokens=6, temperature=0)
+    assert got.usage.prompt_tokens == ids.shape[1]  # no template around it
+    assert got.choices[0].text == oracle.tokenizer.decode(want, skip_special_tokens=True)
+    two = client.completions.create(model="gpt-4o", prompt=prompt, max_tokens=8, temperature=1.0, seed=5, n=2)
+    again = client.completions.create(model="gpt-4o", prompt=prompt, max_tokens=8, temperature=1.0, seed=5, n=2)
+    assert [c.text for c in two.choices] == [c.text for c in again.choices]
+    alone = client.completions.create(model="gpt-4o", prompt=prompt, max_tokens=8, temperature=1.0, seed=6)
+    assert two.choices[1].text == alone.choices[0].text  # choice 1 draws with seed + 1
+    chats = client.chat.completions.create(model=server.info.id, messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=8, temperature=1.0, seed=5, n=2)
+    assert [c.index for c in chats.choices] == [0, 1] and 2 <= chats.usage.completion_tokens <= 16
+
+
 def test_unknown_voice_is_a_400_listing_voices(client, server):
-    with pytest.raises(openai.BadRequestError, match="chelsie"):
+    with pytest.raises(openai.BadRequestError, match="chelsie") as refused:
         client.chat.completions.create(model=server.info.id, messages=[{"role": "user", "content": "hi"}],
-                                       modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"})
+                                       modalities=["text", "audio"], audio={"voice": "nobody", "format": "wav"})
+    assert refused.value.body["code"] == "unknown_voice"
 
 
 def test_make_tiny_subcommand_with_family_seed_and_preset(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import wave
 
 import numpy as np
 import pytest
@@ -40,10 +41,10 @@ def test_stop_matcher(stops, deltas, expect, stopped):
     assert out == expect and m.stopped == stopped
 
 
-@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus"])
+@pytest.mark.parametrize("fmt", ["wav", "streamed-wav", "flac", "mp3", "opus"])
 def test_streamed_encoding_decodes_like_whole(fmt):
     rate = 22050 if fmt == "opus" else RATE  # opus is re-rated to 48 kHz
-    enc = StreamEncoder(fmt, rate)
+    enc = StreamEncoder(fmt.removeprefix("streamed-"), rate, stream_wav=fmt == "streamed-wav")
     sizes, data = [], b""
     for i in range(0, RATE, 2400):
         piece = enc.feed(TONE[i:i + 2400])
@@ -51,14 +52,19 @@ def test_streamed_encoding_decodes_like_whole(fmt):
         data += piece
     data += enc.finish()
     pcm, out_rate = sf.read(io.BytesIO(data), dtype="float32")
-    whole, _ = sf.read(io.BytesIO(encode_audio(TONE, rate, fmt)), dtype="float32")
-    if fmt == "flac":
+    whole_bytes = encode_audio(TONE, rate, fmt.removeprefix("streamed-"))
+    whole, _ = sf.read(io.BytesIO(whole_bytes), dtype="float32")
+    if fmt in ("flac", "wav"):
         assert sum(sizes) == 0  # sent whole, with its length in the header
-    elif fmt in ("wav", "mp3"):
+    if fmt == "wav":  # the very bytes of the whole file: true sizes, which Python's wave reads right
+        assert data == whole_bytes and wave.open(io.BytesIO(data)).getnframes() == len(TONE)
+    if fmt == "streamed-wav":
+        assert data[4:8] == data[40:44] == b"\xff\xff\xff\xff" and data[44:] == whole_bytes[44:]
+    if fmt in ("streamed-wav", "mp3"):
         assert sizes[0] > 0 and sum(1 for s in sizes if s) >= 5  # bytes leave as they are made
     expect = len(TONE) * out_rate // rate
     assert abs(len(pcm) - expect) <= 2500 and abs(len(whole) - expect) <= 2500
-    if fmt in ("wav", "flac"):
+    if fmt in ("wav", "streamed-wav", "flac"):
         np.testing.assert_allclose(pcm, whole, atol=1e-4)
         np.testing.assert_allclose(pcm, TONE, atol=1e-4)
 
@@ -145,10 +151,40 @@ def test_speech_params_and_voice_errors():
     params = speech_params(_state(), req)
     assert params["task"] == "speech" and params["voice"] == "Chelsie" and params["input"] == "hello"
     assert params["speed"] == 1.0  # the API applies speed itself
-    bad = decode_body(b'{"model": "m", "input": "hello", "voice": "alloy"}', SpeechRequest)
+    bad = decode_body(b'{"model": "m", "input": "hello", "voice": "nobody"}', SpeechRequest)
     with pytest.raises(ApiError, match="Chelsie, Ethan") as err:
         speech_params(_state(), bad)
-    assert err.value.status == 400 and err.value.param == "voice"
+    assert err.value.status == 400 and err.value.param == "voice" and err.value.code == "unknown_voice"
+
+
+@pytest.mark.parametrize("voice, speaker", [("alloy", "Chelsie"), ("ASH", "Ethan"), ("shimmer", "Chelsie"),
+                                            ("onyx", "Ethan"), ("verse", "Chelsie")])
+def test_openai_voices_map_to_the_models_own_by_one_table(voice, speaker):
+    """Each OpenAI name stands for the first speaker of its row the model has, else its default
+    voice (verse's row names no speaker of this model: its first, Chelsie)."""
+    req = decode_body(b'{"model": "m", "input": "hi", "voice": "%s"}' % voice.encode(), SpeechRequest)
+    assert speech_params(_state(), req)["voice"] == speaker
+
+
+def test_a_checkpoint_overrides_the_voice_table_and_voice_design_describes_the_voice(tmp_path):
+    from omni.api.voice_names import voice_description
+    from omni.models.openai_voices import openai_voices
+
+    (tmp_path / "config.json").write_text('{"omni_openai_voices": {"alloy": "ethan"}}')
+    state = _state()
+    state.info.extra["openai_voices"] = openai_voices(tmp_path)
+    req = decode_body(b'{"model": "m", "input": "hi", "voice": "alloy"}', SpeechRequest)
+    assert speech_params(state, req)["voice"] == "Ethan"
+    state.info.voices, state.info.extra = [], {"designs_voices": True, "instructions": True}
+    assert speech_params(state, req)["instructions"] == voice_description("alloy")  # none sent: the row's words
+    told = decode_body(b'{"model": "m", "input": "hi", "voice": "alloy", "instructions": "a pirate"}', SpeechRequest)
+    assert speech_params(state, told)["instructions"] == "a pirate"  # sent: they describe the voice
+    with pytest.raises(ApiError, match="designs its voice") as err:  # never silently ignored
+        speech_params(state, decode_body(b'{"model": "m", "input": "hi", "voice": "designed"}', SpeechRequest))
+    assert err.value.code == "unknown_voice"
+    (tmp_path / "config.json").write_text('{"omni_openai_voices": ["alloy"]}')
+    with pytest.raises(ValueError, match="omni_openai_voices"):
+        openai_voices(tmp_path)
 
 
 def test_decode_body_names_the_field():

@@ -38,6 +38,63 @@ def test_version_and_defaults_in_help(capsys):
                  "--host HOST address to listen on (default: 127.0.0.1)", "(default: 64)", "--device DEVICE",
                  "--dtype DTYPE", "--served-model-name NAME [NAME ...]", "--allowed-origins ORIGINS"):
         assert flag in text
+    assert "(default: None)" not in text and "(default: [])" not in text and "(default: False)" not in text
+    assert "default: the family's first (default" not in text  # a text that states its default says it once
+
+
+def test_api_key_never_shows_in_help(capsys, monkeypatch):
+    monkeypatch.setenv("OMNI_API_KEY", "sekrit-key")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    assert "sekrit-key" not in capsys.readouterr().out
+
+
+def test_make_tiny_qwen3_tts_help_describes_every_flag(capsys):
+    from omni.models.qwen3_tts.checkpoint.make_tiny import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for words in ("DIR the checkpoint directory to write", "voice-design: the voice described in instructions",
+                  "full-1.7b (the published size) (default: tiny-a)", "--seed SEED seed of the random weights"):
+        assert words in text
+
+
+def test_tiny_random_models_load_without_alarming_warnings(tmp_path, caplog):
+    """A tiny random Qwen3-Omni's tied router rows are by design (no warning), and transformers'
+    harmless config warnings of both families are dropped; other transformers messages pass."""
+    import logging
+
+    from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+    from omni.models.qwen3_omni.modules.talker import TalkerModel
+    from omni.models.qwen3_tts.checkpoint.make_tiny import make_tiny as make_tiny_tts
+    from omni.models.qwen3_tts.config import load_config as tts_config
+    import omni.models.qwen3_tts  # noqa: F401 (its filters)
+
+    from transformers import AutoConfig
+
+    class Keep(logging.Handler):  # transformers' loggers do not propagate to pytest's
+        def emit(self, record: logging.LogRecord) -> None:
+            caplog.records.append(record)
+
+    tiny = make_tiny(tmp_path / "tiny", seed=1, preset="tiny-b")
+    tts = make_tiny_tts(tmp_path / "tts", "custom-voice", "tiny-a", seed=0)
+    keep = Keep()
+    logging.getLogger("transformers").addHandler(keep)
+    try:
+        with caplog.at_level(logging.INFO):
+            model = TalkerModel.from_checkpoint(tiny)
+            AutoConfig.from_pretrained(str(tiny))
+            tts_config(tts)
+            logging.getLogger("transformers.configuration_utils").warning(  # what transformers says of its config
+                "You are using a model of type `qwen3_tts` to instantiate a model of type ``. This may be expected")
+            logging.getLogger("transformers.modeling_rope_utils").warning("Something else entirely")
+    finally:
+        logging.getLogger("transformers").removeHandler(keep)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == ["Something else entirely"], warnings
+    if model.router_ties():  # said, but quietly
+        assert any("router rows repeat" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
 
 
 def test_device_and_dtype_reach_every_gpu_capable_stage(tmp_path):

@@ -145,7 +145,7 @@ def test_voices_are_listed_deleted_and_survive_a_restart(ckpt, tmp_path):
         assert [v["id"] for v in listed["data"]] == [created["id"]]
         assert listed["voices"] == ["keeper"]
         np.testing.assert_array_equal(_pcm(_speech(second, voice=created["id"])), before)
-        _error(_speech(second, voice="doomed"), 404, "unknown voice")
+        assert _error(_speech(second, voice="doomed"), 400, "unknown voice")["code"] == "unknown_voice"
 
 
 def test_the_size_bound_evicts_the_least_recently_used(tmp_path):
@@ -190,7 +190,8 @@ def test_bad_clips_and_unknown_voices_are_4xx(server):
                             json={"name": "json-voice", "audio_sample": base64.b64encode(_wav(_clip(1.1, 5))).decode(),
                                   "ref_text": TRANSCRIPT})
     assert as_json.status_code == 200 and as_json.json()["mode"] == "icl"
-    assert _error(_speech(server, voice="nobody"), 404, "unknown voice")["param"] == "voice"
+    unknown = _error(_speech(server, voice="nobody"), 400, "unknown voice")  # the one code of every model
+    assert unknown["param"] == "voice" and unknown["code"] == "unknown_voice" and "uploaded" in unknown["message"]
     _error(_speech(server, voice="x", ref_audio=base64.b64encode(_wav(_clip(1.0, 1))).decode()), 400, "ref_text")
     _error(_speech(server, voice="x", ref_audio="!!!", ref_text="t"), 400, "base64")
     _error(_speech(server, voice="x", ref_audio=base64.b64encode(_wav(np.zeros(RATE, np.float32))).decode(),

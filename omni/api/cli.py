@@ -5,6 +5,7 @@
                 [--allowed-origins '["*"]'] [--api-key KEY] [--max-concurrent N]    (omnid serve --help: all)
     omnid make-tiny [FAMILY] DIR [the family's flags]    (omnid make-tiny --help lists the families)
     omnid plugins
+    omnid sample-speech FILE    (a short real English sentence, bundled: a first transcription's input)
     omnid NAME ...    (commands the families add, e.g. checkpoint converters: omnid --help lists them)
     omnid --version
 
@@ -51,6 +52,17 @@ def embedded_default_model() -> tuple[str | None, str | None]:
     return str(path), None
 
 
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """`(default: X)` after a flag's help only where it says something: not for None / off / empty
+    defaults, nor where the text already states its default (and never an API key's value)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, [], "", argparse.SUPPRESS) or "default" in text.lower():
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from omni import __version__
     from omni.kernel.registry import REGISTRY
@@ -58,12 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnid", description="omni's OpenAI-compatible server")
     parser.add_argument("--version", action="version", version=f"omnid {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve a model", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    serve = sub.add_parser("serve", help="serve a model", formatter_class=DefaultsHelp)
     add_serve_args(serve)
     # make-tiny and the families' commands parse their own arguments (main passes them on)
     sub.add_parser("make-tiny", add_help=False, help="write a tiny random checkpoint of a family (for tests): "
                    f"[FAMILY] DIR [flags]; families: {', '.join(sorted(REGISTRY.tiny_writers)) or 'none'}")
     sub.add_parser("plugins", help="list installed omni plugins and what they provide")
+    sub.add_parser("sample-speech", add_help=False, help="write a short bundled English sentence to FILE "
+                   "(a first transcription's input)")
     for command in REGISTRY.commands.values():
         sub.add_parser(command.name, add_help=False, help=command.help)
     return parser
@@ -102,7 +116,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="seconds a client of a streamed answer may go without reading")
     parser.add_argument("--max-concurrent", type=int, default=64, help="requests admitted at once (429 beyond)")
     parser.add_argument("--mode", choices=("process", "inline"), default="process",
-                        help="stages as processes (default) or in this process")
+                        help="stages as processes (the default) or in this process")
     parser.add_argument("--served-model-name", nargs="+", default=[], metavar="NAME",
                         help="the model's name in the API (replaces the checkpoint's); further names are aliases")
     parser.add_argument("--allowed-origins", default=None, metavar="ORIGINS",
@@ -119,6 +133,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
                         help="CUDA MPS for GPU stages sharing a device (auto: when two or more do and "
                              "nvidia-cuda-mps-control is found)")
+    parser.add_argument("--no-side-models", action="store_true",
+                        help="serve only --model: no real transcriber (registered beside the default) next to a model that "
+                             "cannot transcribe truthfully")
     parser.add_argument("--log-level", default="INFO", help="logging level")
 
 
@@ -299,7 +316,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 async def _serve_graph(args: argparse.Namespace, graph, info, stages: list[str], config) -> None:
-    from omni.api.app import ServedModel, build_app
+    from omni.api.app import STATE, ServedModel, build_app
     from omni.api.server import HttpServer, serve_until_signal
     from omni.kernel.errors import StageStartError
     from omni.kernel.kernel import Kernel
@@ -313,7 +330,7 @@ async def _serve_graph(args: argparse.Namespace, graph, info, stages: list[str],
         raise CliError(f"a stage did not start: {exc}") from None
     _say("omnid: stages up: " + ", ".join(f"{k}={v}" for k, v in kernel.health().items()))
     extras: list[ServedModel] = []
-    for extra_graph, extra_info in embedded_extra_models(args):
+    for extra_graph, extra_info in embedded_extra_models(args, info):
         extra = Kernel(extra_graph, mode=args.mode, max_inflight=args.max_concurrent)
         try:
             await extra.start()
@@ -322,9 +339,10 @@ async def _serve_graph(args: argparse.Namespace, graph, info, stages: list[str],
             log.warning("not serving %s: a stage did not start: %s", extra_info.id, exc)
             continue
         extras.append(ServedModel(extra, extra_info, [s.name for s in extra_graph.stages]))
-        _say(f"omnid: also serving {extra_info.id!r} (family {extra_info.family})"
-             + (" for /v1/audio/transcriptions" if extra_info.transcribes else ""))
+        _say(f"omnid: also serving {extra_info.id!r} (family {extra_info.family})")
     app = build_app(kernel, info, stages, config, extra_models=extras)
+    for line in app[STATE].who_serves():
+        _say("omnid: " + line)
     server = HttpServer(app, config.host, config.port)
     await serve_until_signal(server, _Kernels([kernel, *(m.kernel for m in extras)]), config.drain_timeout_s,
                              on_listening=_say)
@@ -375,17 +393,18 @@ def run_family_main(command: str, target: str, argv: list[str]) -> int:
         raise CliError(f"{command} failed: {exc}") from None
 
 
-def embedded_extra_models(args: argparse.Namespace) -> list[tuple]:
-    """(graph, info) of the models served beside the embedded default (each family registered
-    `beside` whose model is available here, e.g. a transcriber). None when a model was chosen."""
+def embedded_extra_models(args: argparse.Namespace, info=None) -> list[tuple]:
+    """(graph, info) of the models served beside the main one (`info`; None: the embedded default):
+    each family registered `beside` (a real transcriber) whose model is available here, whenever the
+    main model cannot transcribe truthfully itself (it does not transcribe, or its weights are
+    random), so that `whisper-1` never names noise. `--no-side-models`: none."""
     from omni.kernel.registry import REGISTRY, resolve
 
-    table = config_model_table(args.config)
-    if args.model or args.family or table.get("path") or table.get("family"):
+    if getattr(args, "no_side_models", False) or (info is not None and info.transcribes and not info.random_weights):
         return []
     models = []
     for entry in REGISTRY.defaults:
-        if not entry.beside:
+        if not entry.beside or (info is not None and info.family == entry.family):
             continue
         try:
             path = resolve(entry.target)(cache_dir())
@@ -427,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         REGISTRY.load_plugins()  # their commands and make-tiny writers
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    passes_on = args.command == "make-tiny" or args.command in REGISTRY.commands
+    passes_on = args.command in ("make-tiny", "sample-speech") or args.command in REGISTRY.commands
     if unknown and not passes_on:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=getattr(args, "log_level", "INFO").upper(),
@@ -439,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
             return make_tiny(argv[1:])
         elif args.command == "plugins":
             list_plugins(args)
+        elif args.command == "sample-speech":
+            return run_family_main("sample-speech", "omni.api.sample_speech:main", argv[1:])
         else:
             return run_family_main(args.command, REGISTRY.commands[args.command].target, argv[1:])
     except CliError as exc:

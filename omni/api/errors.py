@@ -7,6 +7,7 @@ Every failure a client can see leaves as `{"error": {"message", "type", "param",
 from __future__ import annotations
 
 import logging
+import re
 
 import msgspec
 from aiohttp import web
@@ -63,8 +64,26 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
+def unknown_voice(voice: str, known: str, param: str = "voice") -> ApiError:
+    """The one refusal of a voice a model does not have, whatever the model: 400 `unknown_voice`."""
+    return ApiError(400, f"unknown voice {voice!r}; {known}", param=param, code="unknown_voice")
+
+
 def too_large(message: str, param: str | None = None) -> ApiError:
     return ApiError(413, message, param=param, code="too_large")
+
+
+_INTERNAL_PREFIX = re.compile(r"^(stage \S+: )?((InvalidRequest|PayloadTooLarge): )?")
+
+
+def client_message(exc: OmniError) -> str:
+    """A stage's refusal in the client's terms: without the kernel's "stage NAME: " and the error
+    class in front (the server log keeps them)."""
+    text = str(exc)
+    trimmed = _INTERNAL_PREFIX.sub("", text, count=1)
+    if trimmed != text:
+        log.info("refused by a stage: %s", text)
+    return trimmed or text
 
 
 def from_kernel_error(exc: OmniError) -> ApiError:
@@ -72,9 +91,9 @@ def from_kernel_error(exc: OmniError) -> ApiError:
     if isinstance(exc, Overloaded):
         return ApiError(429, f"server is at capacity, retry later ({exc})", code="overloaded")
     if isinstance(exc, PayloadTooLarge):
-        return too_large(str(exc))
+        return too_large(client_message(exc))
     if isinstance(exc, InvalidRequest):
-        return ApiError(400, str(exc), code="invalid_request")
+        return ApiError(400, client_message(exc), code="invalid_request")
     if isinstance(exc, StageDown):
         return ApiError(503, f"a stage this request needs is down: {exc}", code="stage_down")
     if isinstance(exc, StageFailed):

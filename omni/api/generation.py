@@ -88,6 +88,19 @@ class Collected:
     def pcm(self) -> np.ndarray:
         return np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
 
+    def add(self, piece: TextPiece | AudioPiece | Finish) -> None:
+        if isinstance(piece, TextPiece):
+            self.text.append(piece.text)
+            self.segments.extend(piece.segments or ())
+            self.language = piece.language or self.language
+            self.logprobs.extend(piece.logprobs or ())
+            self.words.extend(piece.words or ())
+        elif isinstance(piece, AudioPiece):
+            self.audio.append(piece.pcm)
+            self.sample_rate = piece.sample_rate
+        else:
+            self.finish = piece
+
 
 def _as_pcm(data) -> np.ndarray:
     if isinstance(data, (bytes, bytearray, memoryview)):
@@ -172,15 +185,5 @@ class KernelRequest:
     async def collect(self) -> Collected:
         out = Collected()
         async for piece in self.pieces():
-            if isinstance(piece, TextPiece):
-                out.text.append(piece.text)
-                out.segments.extend(piece.segments or ())
-                out.language = piece.language or out.language
-                out.logprobs.extend(piece.logprobs or ())
-                out.words.extend(piece.words or ())
-            elif isinstance(piece, AudioPiece):
-                out.audio.append(piece.pcm)
-                out.sample_rate = piece.sample_rate
-            else:
-                out.finish = piece
+            out.add(piece)
         return out

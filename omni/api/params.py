@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from omni.api.errors import ApiError, bad_request
+from omni.api.aliases import chats, completes
+from omni.api.errors import ApiError, bad_request, unknown_voice
 from omni.api.media import (
     MODEL_AUDIO_RATE,
     AudioBudget,
@@ -21,10 +22,13 @@ from omni.api.media import (
     parse_image_url,
 )
 from omni.api.routes_voices import uploaded_voice
+from omni.api.voice_names import OPENAI_VOICES, is_openai_voice, own_voice, voice_description
 from omni.api.schemas import (
     UNSERVED_CHAT_FIELDS,
+    UNSERVED_COMPLETION_FIELDS,
     AudioPart,
     ChatCompletionRequest,
+    CompletionRequest,
     ImagePart,
     SpeechRequest,
     StageSampling,
@@ -36,30 +40,47 @@ if TYPE_CHECKING:
     from omni.api.state import ServedModel, ServerState
 
 
-def check_model(state: ServerState, name: str, param: str = "model", main_only: bool = True) -> None:
+def check_model(state: ServerState, name: str, param: str = "model", main_only: bool = True,
+                chat: bool = False) -> None:
     """404 for an unknown model; with `main_only`, a 400 for a model served beside the main one (it
-    only serves its own route, e.g. a transcriber only /v1/audio/transcriptions)."""
-    if name not in state.model_names():
+    only serves its own route, e.g. a transcriber only /v1/audio/transcriptions); with `chat`, a 400
+    when the main model does not chat (a text-to-speech model)."""
+    if state.model_info(name) is None:
         raise ApiError(404, f"model {name!r} is not served here; served: {state.model_names()}", param=param,
                        code="model_not_found")
     if main_only and state.model_info(name) is not state.info:
         raise bad_request(f"model {name!r} only serves /v1/audio/transcriptions; for this route use "
                           f"{state.info.id!r}", param=param, code="model_not_supported")
+    if chat and not chats(state.info):
+        raise bad_request(f"model {state.info.id!r} does not chat: it only serves /v1/audio/speech",
+                          param=param, code="model_not_supported")
 
 
 def resolve_voice(state: ServerState, voice: str | None, param: str) -> str | None:
-    """Voice names are case-insensitive; an unknown one is a 400 that lists the known ones."""
+    """The model's speaker a request's voice names: its own (case-insensitive) or one of OpenAI's
+    names (voice_names.py); anything else is the one unknown-voice 400 of every model. A model
+    without named speakers passes it on (a cloning model's uploads are checked by routes_voices)."""
     voices = state.info.voices
     if voice is None:
         return voices[0] if voices else None
+    if designs_voices(state.info):
+        if not is_openai_voice(voice):
+            raise unknown_voice(voice, f"model {state.info.id!r} designs its voice from `instructions`; `voice` "
+                                       f"takes only OpenAI's names ({', '.join(OPENAI_VOICES)}), each standing for "
+                                       "a description used when no instructions are sent", param)
+        return voice.strip().lower()
     if not voices:
         return voice
-    by_lower = {v.lower(): v for v in voices}
-    found = by_lower.get(voice.strip().lower())
+    found = own_voice(state.info, voice)
     if found is None:
-        raise bad_request(f"unknown voice {voice!r}; this model's voices are: {', '.join(voices)}", param=param,
-                          code="unknown_voice")
+        raise unknown_voice(voice, f"this model's voices are: {', '.join(voices)} (or OpenAI's names: "
+                                   f"{', '.join(OPENAI_VOICES)})", param)
     return found
+
+
+def designs_voices(info) -> bool:
+    """A model whose voice is described in `instructions`, not named (Qwen3-TTS VoiceDesign)."""
+    return bool(info.extra.get("designs_voices"))
 
 
 def _sampling_dict(s: StageSampling) -> dict:
@@ -97,9 +118,9 @@ def stop_strings(stop: str | list[str] | None) -> list[str]:
     return [s for s in stops if s]
 
 
-def refuse_unserved(req: ChatCompletionRequest) -> None:
+def refuse_unserved(req: ChatCompletionRequest | CompletionRequest, table: dict[str, tuple] = UNSERVED_CHAT_FIELDS) -> None:
     """A 400 naming the first OpenAI parameter set to something omni does not serve (tools...)."""
-    for name, served in UNSERVED_CHAT_FIELDS.items():
+    for name, served in table.items():
         value = getattr(req, name)
         if value is not None and value not in served:
             what = "tool calling is" if name in ("tools", "tool_choice", "functions", "function_call") else f"{name} is"
@@ -120,8 +141,35 @@ def logprobs_asked(state: ServerState, req: ChatCompletionRequest) -> int | None
     return req.top_logprobs or 0
 
 
+def sampling_fields(req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
+                    logprobs: int | None = None) -> dict:
+    """The request's top-level sampling fields (those set), for the model's sampling stage: the
+    same for chat and text completions, so both draw from the one sampler alike."""
+    base = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
+            "repetition_penalty": req.repetition_penalty, "presence_penalty": req.presence_penalty,
+            "frequency_penalty": req.frequency_penalty, "logit_bias": _logit_bias(req.logit_bias), "seed": req.seed,
+            "max_tokens": max_tokens, "ignore_eos": req.ignore_eos, "logprobs": logprobs}
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def completion_params(state: ServerState, req: CompletionRequest) -> list[dict]:
+    """One params dict per prompt of a text completion (task "complete": the text as it is)."""
+    check_model(state, req.model, chat=True)
+    refuse_unserved(req, UNSERVED_COMPLETION_FIELDS)
+    if not completes(state.info):
+        raise bad_request(f"model {state.info.id!r} does not serve text completions; use /v1/chat/completions",
+                          param="model", code="model_not_supported")
+    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    if not all(isinstance(p, str) for p in prompts):
+        raise bad_request("prompt must be a string or a list of strings (token ids are not served)", param="prompt",
+                          code="invalid_value")
+    base = sampling_fields(req, req.max_tokens)
+    return [{"task": "complete", "prompt": prompt, "messages": [], "modalities": ["text"], "voice": None,
+             "sampling": stage_sampling(state, base, req.stage_sampling)} for prompt in prompts]
+
+
 async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
-    check_model(state, req.model)
+    check_model(state, req.model, chat=True)
     refuse_unserved(req)
     modalities = list(dict.fromkeys(req.modalities or ["text"]))
     wants_audio = "audio" in modalities
@@ -130,6 +178,9 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
         if not state.info.speaks:
             raise bad_request(f"model {state.info.id!r} does not produce audio; use modalities ['text']",
                               param="modalities", code="audio_not_supported")
+        if req.n > 1:
+            raise bad_request(f"n={req.n} answers are served as text only; with audio output ask for n=1",
+                              param="n", code="unsupported_value")
         if "text" not in modalities:
             modalities.insert(0, "text")
         voice = resolve_voice(state, req.audio.voice if req.audio else None, "audio.voice")
@@ -140,12 +191,7 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
     for i, msg in enumerate(req.messages):
         messages.append({"role": "system" if msg.role == "developer" else msg.role,
                          "content": await _content(state, msg.content, f"messages[{i}].content", audio_budget)})
-    base = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
-            "repetition_penalty": req.repetition_penalty, "presence_penalty": req.presence_penalty,
-            "frequency_penalty": req.frequency_penalty, "logit_bias": _logit_bias(req.logit_bias), "seed": req.seed,
-            "max_tokens": req.max_completion_tokens or req.max_tokens, "ignore_eos": req.ignore_eos,
-            "logprobs": logprobs_asked(state, req)}
-    base = {k: v for k, v in base.items() if v is not None}
+    base = sampling_fields(req, req.max_completion_tokens or req.max_tokens, logprobs_asked(state, req))
     params = {"task": "chat", "messages": messages, "modalities": modalities, "voice": voice,
               "sampling": stage_sampling(state, base, req.stage_sampling)}
     if wants_audio:  # an uploaded voice of a model that clones voices
@@ -198,6 +244,8 @@ def speech_params(state: ServerState, req: SpeechRequest) -> dict:
                           code="unsupported_value")
     if req.instructions and takes:
         params["instructions"] = req.instructions
+    elif designs_voices(state.info) and voice:  # the OpenAI voice's description stands in (voice_names.py)
+        params["instructions"] = voice_description(voice)
     return params
 
 

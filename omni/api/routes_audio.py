@@ -1,5 +1,8 @@
 """POST /v1/audio/speech: audio bytes streamed as made, or SSE (transcriptions: routes_transcribe).
 
+WAV (and FLAC) come whole, with true sizes in the header, unless the request says `"stream": true`
+(audio_codec.py): every other format streams as it is made.
+
 `speed` is applied here by resampling the model's audio (soxr, streaming): faster speech is also
 higher-pitched, as on a tape. A model that sets `ModelInfo.extra["applies_speed"]` gets the speed
 in its params instead and its audio passes through untouched.
@@ -72,14 +75,14 @@ async def speech(request: web.Request) -> web.StreamResponse:
             async for piece in gen.pieces():
                 if isinstance(piece, AudioPiece):
                     if encoder is None:
-                        encoder = StreamEncoder(req.response_format, piece.sample_rate)
+                        encoder = StreamEncoder(req.response_format, piece.sample_rate, stream_wav=req.stream)
                         changer = SpeedChanger(req.speed, piece.sample_rate) if changer_needed else None
                     pcm = changer.feed(piece.pcm) if changer else piece.pcm
                     await send(encoder.feed(pcm))
                 elif isinstance(piece, Finish):
                     finish = piece
             if encoder is None:  # no audio at all: still a valid, empty file
-                encoder = StreamEncoder(req.response_format, state.info.sample_rate)
+                encoder = StreamEncoder(req.response_format, state.info.sample_rate, stream_wav=req.stream)
             tail = encoder.feed(changer.feed(np.zeros(0, np.float32), last=True)) if changer else b""
             await send(tail + encoder.finish())
         except ConnectionResetError:

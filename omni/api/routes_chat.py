@@ -11,7 +11,8 @@ from aiohttp import web
 from omni.api.audio_codec import StreamEncoder, encode_audio
 from omni.api.connections import read_body
 from omni.api.errors import as_api_error
-from omni.api.generation import AudioPiece, Finish, KernelRequest, TextPiece
+from omni.api.choices import Choices, choice_params
+from omni.api.generation import AudioPiece, Collected, Finish, KernelRequest, TextPiece
 from omni.api.metrics import RequestTimer
 from omni.api.params import chat_params, stop_strings
 from omni.api.prompt_bounds import chat_chars, check_prompt_chars
@@ -23,10 +24,19 @@ ROUTE = "/v1/chat/completions"
 AUDIO_TTL_S = 3600
 
 
-def _usage(finish: Finish | None) -> dict:
-    prompt = finish.prompt_tokens if finish else 0
-    completion = finish.completion_tokens if finish else 0
+def usage(finishes: list[Finish | None]) -> dict:
+    """OpenAI's usage of n choices: the prompt once, every choice's completion."""
+    prompt = next((f.prompt_tokens for f in finishes if f), 0)
+    completion = sum(f.completion_tokens for f in finishes if f)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def kernel_requests(state, params: dict, n: int, route: str, stops: list[str], audio: bool = False) -> Choices:
+    """The n choices of one request, each its own KernelRequest (choices.py): what chat and text
+    completions both run."""
+    return Choices([KernelRequest(state.kernel, choice_params(params, i, state.info.sampling_stage),
+                                  RequestTimer(state.metrics, route), stops, state.config.request_timeout_s, audio=audio)
+                    for i in range(n)])
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -34,19 +44,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = decode_body(await read_body(request), ChatCompletionRequest)
     check_prompt_chars(state.info, chat_chars(req))
     params = await chat_params(state, req)
-    timer = RequestTimer(state.metrics, ROUTE)
     wants_audio = "audio" in params["modalities"]
-    gen = KernelRequest(state.kernel, params, timer, stop_strings(req.stop), state.config.request_timeout_s,
-                        audio=wants_audio)
     meta = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": req.model}
-    async with gen:
+    async with kernel_requests(state, params, req.n, ROUTE, stop_strings(req.stop), wants_audio) as choices:
         if req.stream:
-            return await _stream(request, gen, req, meta, wants_audio)
-        return await _whole(gen, req, meta, wants_audio)
+            return await _stream(request, choices, req, meta, wants_audio)
+        return await _whole(choices, req, meta, wants_audio)
 
 
-async def _whole(gen: KernelRequest, req: ChatCompletionRequest, meta: dict, wants_audio: bool) -> web.Response:
-    out = await gen.collect()
+def _message(out: Collected, req: ChatCompletionRequest, wants_audio: bool) -> dict:
     text = "".join(out.text)
     message: dict = {"role": "assistant", "content": text, "refusal": None}
     if wants_audio:
@@ -54,55 +60,63 @@ async def _whole(gen: KernelRequest, req: ChatCompletionRequest, meta: dict, wan
         data = encode_audio(out.pcm, out.sample_rate, fmt)
         message["audio"] = {"id": "audio_" + uuid.uuid4().hex, "data": base64.b64encode(data).decode(),
                             "format": fmt, "transcript": text, "expires_at": int(time.time()) + AUDIO_TTL_S}
+    return message
+
+
+async def _whole(choices: Choices, req: ChatCompletionRequest, meta: dict, wants_audio: bool) -> web.Response:
+    outs = await choices.collect()
     body = {**meta, "object": "chat.completion",
-            "choices": [{"index": 0, "message": message,
+            "choices": [{"index": i, "message": _message(out, req, wants_audio),
                          "logprobs": {"content": out.logprobs, "refusal": None} if req.logprobs else None,
-                         "finish_reason": out.finish.reason if out.finish else "stop"}],
-            "usage": _usage(out.finish)}
+                         "finish_reason": out.finish.reason if out.finish else "stop"} for i, out in enumerate(outs)],
+            "usage": usage([out.finish for out in outs])}
     return web.json_response(body)
 
 
-async def _stream(request: web.Request, gen: KernelRequest, req: ChatCompletionRequest, meta: dict,
+async def _stream(request: web.Request, choices: Choices, req: ChatCompletionRequest, meta: dict,
                   wants_audio: bool) -> web.StreamResponse:
     sse = SseStream(request)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     audio_id = "audio_" + uuid.uuid4().hex
     expires_at = int(time.time()) + AUDIO_TTL_S
-    encoder: StreamEncoder | None = None
+    encoder: StreamEncoder | None = None  # audio is served for one choice only (params.chat_params)
 
-    def chunk(delta: dict, finish_reason: str | None = None, logprobs: list | None = None) -> dict:
+    def chunk(index: int, delta: dict, finish_reason: str | None = None, logprobs: list | None = None) -> dict:
         body = {**meta, "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason,
+                "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason,
                              "logprobs": {"content": logprobs, "refusal": None} if logprobs else None}]}
         if include_usage:
             body["usage"] = None
         return body
 
-    finish: Finish | None = None
+    finishes: list[Finish | None] = [None] * len(choices.gens)
+    opened: set[int] = set()
     try:
-        async for piece in gen.pieces():
-            if not sse.started:  # opened on the first piece, so earlier failures keep their HTTP status
-                await sse.send(chunk({"role": "assistant", "content": ""}))
+        async for index, piece in choices.pieces():
+            if index not in opened:  # opened on the first piece, so earlier failures keep their HTTP status
+                opened.add(index)
+                await sse.send(chunk(index, {"role": "assistant", "content": ""}))
             if isinstance(piece, TextPiece):
                 if piece.text or (req.logprobs and piece.logprobs):
                     delta: dict = {"content": piece.text}
                     if wants_audio:
                         delta["audio"] = {"id": audio_id, "transcript": piece.text, "expires_at": expires_at}
-                    await sse.send(chunk(delta, logprobs=piece.logprobs if req.logprobs else None))
+                    await sse.send(chunk(index, delta, logprobs=piece.logprobs if req.logprobs else None))
             elif isinstance(piece, AudioPiece):
                 if encoder is None:
                     encoder = StreamEncoder("pcm16", piece.sample_rate)
                 data = encoder.feed(piece.pcm)
                 if data:
-                    await sse.send(chunk({"audio": {"id": audio_id, "data": base64.b64encode(data).decode(),
-                                                    "expires_at": expires_at}}))
+                    await sse.send(chunk(index, {"audio": {"id": audio_id, "data": base64.b64encode(data).decode(),
+                                                           "expires_at": expires_at}}))
             else:
-                finish = piece
-        if encoder is not None:
-            tail = encoder.finish()
-            if tail:
-                await sse.send(chunk({"audio": {"id": audio_id, "data": base64.b64encode(tail).decode(),
-                                                "expires_at": expires_at}}))
+                finishes[index] = piece
+                if encoder is not None:
+                    tail = encoder.finish()
+                    if tail:
+                        await sse.send(chunk(index, {"audio": {"id": audio_id, "data": base64.b64encode(tail).decode(),
+                                                               "expires_at": expires_at}}))
+                await sse.send(chunk(index, {}, piece.reason))
     except ConnectionResetError:  # the client left: KernelRequest's exit cancels the request
         raise
     except Exception as exc:  # after the first byte the status is sent: report in-band, then end
@@ -110,7 +124,6 @@ async def _stream(request: web.Request, gen: KernelRequest, req: ChatCompletionR
             raise
         await sse.send_error(as_api_error(exc))
         return await sse.done(marker=False)
-    await sse.send(chunk({}, finish.reason if finish else "stop"))
     if include_usage:
-        await sse.send({**meta, "object": "chat.completion.chunk", "choices": [], "usage": _usage(finish)})
+        await sse.send({**meta, "object": "chat.completion.chunk", "choices": [], "usage": usage(finishes)})
     return await sse.done()

@@ -38,7 +38,7 @@ async def list_models(request: web.Request) -> web.Response:
 async def get_model(request: web.Request) -> web.Response:
     state = _state(request)
     name = request.match_info["model"]
-    if name not in state.model_names():
+    if state.model_info(name) is None:
         raise ApiError(404, f"model {name!r} is not served here; served: {state.model_names()}", param="model",
                        code="model_not_found")
     return web.json_response(_model_card(state, name))

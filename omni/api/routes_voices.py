@@ -24,7 +24,7 @@ import msgspec
 from aiohttp import web
 
 from omni.api.connections import read_body, read_form, within_body_timeout
-from omni.api.errors import ApiError, as_api_error, bad_request
+from omni.api.errors import ApiError, as_api_error, bad_request, unknown_voice
 from omni.api.media import audio_part, b64decode_strict, decode_audio
 from omni.api.schemas import decode_body
 from omni.api.state import STATE
@@ -92,8 +92,9 @@ def uploaded_voice(state, voice: str | None, param: str) -> dict[str, Any]:
                           "or send ref_audio + ref_text", param=param, code="voice_required")
     found = state.voices.find(voice)
     if found is None:
-        known = ", ".join(v.name for v in state.voices.list()) or "none uploaded"
-        raise ApiError(404, f"unknown voice {voice!r}; uploaded voices: {known}", param=param, code="voice_not_found")
+        known = ", ".join(v.name for v in state.voices.list()) or "none uploaded yet"
+        raise unknown_voice(voice, f"model {state.info.id!r} speaks only in uploaded voices ({known}); upload a "
+                                   f"clip with POST {ROUTE} (it may be named {voice!r}) or send ref_audio", param)
     return {"voice_prompt": state.voices.prompt(found).params(), "voice": found.id}
 
 

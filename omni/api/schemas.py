@@ -21,6 +21,7 @@ Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]  # OpenAI's presence / frequen
 MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
 LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=1024)]
 ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus", "aac"]
+MAX_CHOICES = 16  # `n`: answers to one request
 SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
 
 
@@ -98,7 +99,7 @@ class ChatCompletionRequest(Struct):
     stop: Union[str, Annotated[list[str], Meta(max_length=16)], None] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[int, Meta(ge=1, le=1)] = 1
+    n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] = 1
     stage_sampling: dict[str, StageSampling] | None = None
     user: str | None = None
     ignore_eos: bool | None = None  # vLLM's extension: the thinker does not stop at EOS
@@ -113,6 +114,39 @@ class ChatCompletionRequest(Struct):
     parallel_tool_calls: Any = None
     response_format: Any = None
     prediction: Any = None
+
+
+class CompletionRequest(Struct):
+    """POST /v1/completions (OpenAI's legacy text completions, as vLLM serves them): the prompt is
+    continued as it is, without the chat template."""
+
+    model: str
+    prompt: Union[str, Annotated[list[Any], Meta(min_length=1, max_length=MAX_CHOICES)]]
+    max_tokens: MaxTokens | None = 16  # OpenAI's default
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None
+    seed: Seed | None = None
+    stop: Union[str, Annotated[list[str], Meta(max_length=16)], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] = 1
+    echo: bool = False
+    stage_sampling: dict[str, StageSampling] | None = None
+    user: str | None = None
+    ignore_eos: bool | None = None
+    # OpenAI parameters not served here: refused with a 400 naming them (UNSERVED_COMPLETION_FIELDS)
+    best_of: Any = None
+    logprobs: Any = None
+    suffix: Any = None
+
+
+UNSERVED_COMPLETION_FIELDS: dict[str, tuple] = {"best_of": (1,), "logprobs": (), "suffix": ("",)}
 
 
 # field -> what a request may set it to and still be served (None: any value is refused)
@@ -135,6 +169,7 @@ class SpeechRequest(Struct):
     response_format: SpeechFormat = "mp3"
     speed: Annotated[float, Meta(ge=0.25, le=4.0)] = 1.0
     stream_format: Literal["audio", "sse"] = "audio"
+    stream: bool = False  # omni's: wav streamed as made (0xFFFFFFFF sizes, as OpenAI's); else sent whole, sized
     instructions: str | None = None
     stage_sampling: dict[str, StageSampling] | None = None
     # an inline reference clip for a model that clones voices (vLLM-Omni's names); `voice` is then ignored
@@ -171,7 +206,12 @@ def decode_body(body: bytes, cls: type) -> object:
     except msgspec.ValidationError as exc:
         text = str(exc)
         param = text.rpartition(" - at `$.")[2].rstrip("`") if " - at `$." in text else None
-        raise ApiError(400, f"invalid request: {text}", param=param, code="invalid_value") from None
+        what = text.partition(" - at `$.")[0]
+        if param and what.startswith("Expected "):  # "Expected `int` <= 16 - at `$.n`" in the client's words
+            message = f"invalid value for {param!r}: expected {what[len('Expected '):]}"
+        else:
+            message = f"invalid request: {text}"
+        raise ApiError(400, message, param=param, code="invalid_value") from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"body is not valid JSON: {exc}", code="invalid_json") from None
     except RecursionError:  # msgspec recurses per nesting level, also through fields it skips

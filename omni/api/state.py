@@ -88,9 +88,9 @@ class ServerState:
             return self.info if chats(self.info) else None
         if task == SPEECH:
             return self.info if self.info.speaks else None
-        if task == TRANSCRIBE:
+        if task == TRANSCRIBE:  # never a random-weight model: its transcripts are noise
             found = self._transcriber_for(None)
-            return found.info if found else None
+            return found.info if found and not found.info.random_weights else None
         return None
 
     def transcriber(self, name: str, task: str = TRANSCRIBE) -> ServedModel | None:
@@ -104,6 +104,23 @@ class ServerState:
         named = [m for m in models if m.info is info]
         able = [m for m in named + models if (translates(m.info) if task == TRANSLATE else m.info.transcribes)]
         return ([m for m in able if not m.info.random_weights] or able or [None])[0]
+
+    def who_serves(self) -> list[str]:
+        """One line per task: which served model answers it, and under which of OpenAI's names (the
+        start-up log says so, so that nobody mistakes a random model's output for a real one's)."""
+        found = self._transcriber_for(None)
+        doers = {"chat (/v1/chat/completions, /v1/completions, /v1/realtime)": (CHAT, self.info if chats(self.info) else None),
+                 "speech (/v1/audio/speech)": (SPEECH, self.info if self.info.speaks else None),
+                 "transcription (/v1/audio/transcriptions)": (TRANSCRIBE, found.info if found else None)}
+        lines = []
+        for what, (task, doer) in doers.items():
+            if doer is None:
+                lines.append(f"{what}: not served")
+                continue
+            names = [a for a in OPENAI_ALIASES if alias_task(a) == task and self._alias_target(a) is doer]
+            lines.append(f"{what}: {doer.id!r}" + (" (RANDOM weights: noise)" if doer.random_weights else "")
+                         + (f", also as {', '.join(names)}" if names else ", under no OpenAI name"))
+        return lines
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight; False when the timeout passed first."""

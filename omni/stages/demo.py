@@ -26,6 +26,7 @@ MODULUS = 9973
 SAMPLE_RATE = 24000
 SAMPLES_PER_FRAME = 480  # 20 ms of audio per generated token
 MAX_CONTEXT = 1 << 16  # prompt tokens (bytes) the toy encoder takes
+DEFAULT_MAX_TOKENS = 16  # a request that sets no max_tokens gets this many
 
 
 def _prompt_of(params: dict[str, Any]) -> str:
@@ -111,7 +112,7 @@ class ToyGenerator(Stage):
 
     def open(self, rid: str, params: dict[str, Any]) -> None:
         sampling = params.get("sampling", {}).get(self.ctx.name) or {}
-        max_tokens = int(sampling.get("max_tokens", params.get("max_tokens", 16)))
+        max_tokens = int(sampling.get("max_tokens", params.get("max_tokens", DEFAULT_MAX_TOKENS)))
         if not 1 <= max_tokens <= 100_000:
             raise InvalidRequest(f"max_tokens must be in [1, 100000], got {max_tokens}")
         self.seqs[rid] = _Sequence(max_tokens)

@@ -51,12 +51,13 @@ class SessionConfig:
     temperature: float | None = None
     max_output_tokens: int | None = None  # None: the model's own default length
     stage_sampling: dict[str, StageSampling] | None = None  # omni's extension, as in the chat route
+    model_max_tokens: int | None = None  # the model's own default length (None: it says none)
 
     @classmethod
     def default(cls, state: ServerState, model: str) -> SessionConfig:
         speaks = state.info.speaks
         return cls(model, resolve_voice(state, None, "session.voice") if speaks else None,
-                   ["text", "audio"] if speaks else ["text"])
+                   ["text", "audio"] if speaks else ["text"], model_max_tokens=default_max_tokens(state.info))
 
     # ---- parsing ---------------------------------------------------------------------------
 
@@ -119,10 +120,15 @@ class SessionConfig:
 
     # ---- rendering -------------------------------------------------------------------------
 
+    def max_tokens(self) -> int | str:
+        """The longest answer in tokens, as it really is: the session's, else the model's own default
+        (a tiny random model stops at 64), "inf" only when neither bounds it."""
+        return self.max_output_tokens or self.model_max_tokens or "inf"
+
     def render(self, beta: bool, session_id: str) -> dict:
         detect = self.turn_detection.render() if self.turn_detection else None
         transcription = {"model": "whisper-1", **self.transcription} if self.transcribe_input else None
-        max_tokens = self.max_output_tokens or "inf"
+        max_tokens = self.max_tokens()
         common = {"id": session_id, "object": "realtime.session", "model": self.model,
                   "instructions": self.instructions, "tools": [], "tool_choice": "auto"}
         if beta:
@@ -138,6 +144,12 @@ class SessionConfig:
                           "output": {"format": fmt, "voice": self.voice, "speed": 1.0}},
                 "max_output_tokens": max_tokens, "tracing": None, "truncation": "auto", "prompt": None,
                 "include": None}
+
+
+def default_max_tokens(info) -> int | None:
+    """The answer length a model stops at when a request sets none (`ModelInfo.extra["default_max_tokens"]`)."""
+    value = info.extra.get("default_max_tokens")
+    return int(value) if value else None
 
 
 def ga_modalities(modalities: list[str]) -> list[str]:

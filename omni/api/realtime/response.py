@@ -83,7 +83,7 @@ class Response:
                 "output": [self.item.render(self.beta)] if self.announced and self.status != "in_progress" else [],
                 "usage": self.usage or None, "metadata": self.options.metadata,
                 "conversation_id": "conv_omni", "voice": config.voice,
-                "max_output_tokens": config.max_output_tokens or "inf"}
+                "max_output_tokens": config.max_tokens()}
         if self.beta:
             body["modalities"] = list(config.modalities)
             body["output_audio_format"] = "pcm16"

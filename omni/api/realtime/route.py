@@ -77,7 +77,7 @@ async def realtime(request: web.Request) -> web.WebSocketResponse:
     if state.draining:
         raise ApiError(503, "server is shutting down; not accepting new sessions", code="shutting_down")
     model = request.query.get("model") or state.info.id
-    check_model(state, model)
+    check_model(state, model, chat=True)
     if len(request.app[SOCKETS]) >= MAX_SESSIONS:
         raise ApiError(429, f"{MAX_SESSIONS} realtime sessions are open; retry later", code="overloaded")
     ws = web.WebSocketResponse(protocols=("realtime",), max_msg_size=MAX_EVENT_BYTES, heartbeat=30.0)

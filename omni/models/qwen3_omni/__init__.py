@@ -4,6 +4,11 @@ modules/ (torch), stages/ (the stage classes), checkpoint/ (tiny and full-size g
 loaders, export), graph.build (checkpoint dir -> Graph + ModelInfo), request (what a request needs).
 """
 
+from omni.models.hf_logs import drop_warnings
+
+# Qwen3-Omni's M-RoPE keys, which its own config reads, unknown to transformers' generic rope check
+drop_warnings("transformers.modeling_rope_utils", "Unrecognized keys in `rope_parameters`")
+
 
 def register(registry) -> None:
     from omni.models.qwen3_omni.stages import register_stages

@@ -28,6 +28,7 @@ from typing import Any
 from omni.kernel.errors import GraphError
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.models.registry import ModelInfo
+from omni.models.openai_voices import openai_voices
 from omni.models.qwen3_omni.config import Qwen3OmniConfig, load_config
 from omni.models.qwen3_omni.checkpoint.make_tiny import TINY_MARKER  # next to a random-weight checkpoint
 from omni.models.qwen3_omni.checkpoint.presets_full import random_marker  # a config-only dir: random weights at load
@@ -129,7 +130,9 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         random_weights=tiny or bool(randomized),
         max_context=max_context,
         sampling_stage="thinker",
-        extra={"variant": variant, "model_dir": model_dir, "logprobs": True, "audio_input": True, **_tiny_facts(model_dir, tiny),
+        extra={"variant": variant, "model_dir": model_dir, "logprobs": True, "audio_input": True, "completions": True,
+               "default_max_tokens": lengths["thinker"],
+               "openai_voices": openai_voices(model_dir), **_tiny_facts(model_dir, tiny),
                **({"random_load": randomized} if randomized else {})},
     )
     return graph, info

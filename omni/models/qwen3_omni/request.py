@@ -23,7 +23,7 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest
 
-TASKS = ("chat", "speech", "transcribe")
+TASKS = ("chat", "speech", "transcribe", "complete")
 SPEECH_INSTRUCTION = "Read the following text aloud, exactly as written, and say nothing else:\n"
 TRANSCRIBE_INSTRUCTION = "Transcribe the audio into text."
 
@@ -77,14 +77,27 @@ def check_voice(params: dict[str, Any], voices: list[str]) -> None:
         raise InvalidRequest(f"unknown voice {voice!r}; this model's voices are: {', '.join(voices)}")
 
 
+def completion_text(params: dict[str, Any]) -> str | None:
+    """The raw text of a text completion (task "complete": no chat template), else None."""
+    if params.get("task") != "complete":
+        return None
+    text = params.get("prompt")
+    if not isinstance(text, str) or not text:
+        raise InvalidRequest("the complete task needs a non-empty 'prompt' text")
+    return text
+
+
 def chat_messages(params: dict[str, Any]) -> list[dict[str, Any]]:
     """The request as chat messages in `Preprocessor`'s format (media decoded to arrays / bytes).
 
     The speech task asks the model to say `input`; the transcribe task asks it to transcribe
-    `audio`. A random-weight checkpoint says noise either way."""
+    `audio`; the complete task's prompt is one user text (`completion_text` is what is tokenized).
+    A random-weight checkpoint says noise either way."""
     task = params.get("task", "chat")
     if task not in TASKS:
         raise InvalidRequest(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
+    if task == "complete":
+        return [{"role": "user", "content": completion_text(params)}]
     if task == "speech":
         text = params.get("input")
         if not isinstance(text, str) or not text.strip():

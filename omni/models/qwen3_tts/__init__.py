@@ -14,6 +14,12 @@ How it compares with the reference: greedy codes are the same for every kind and
 
 from __future__ import annotations
 
+from omni.models.hf_logs import drop_warnings
+
+# its config read through a base class that has no model type: harmless
+drop_warnings("transformers.configuration_utils",
+              "You are using a model of type `qwen3_tts` to instantiate a model of type ``")
+
 _STAGES = "omni.models.qwen3_tts.stages"
 STAGES = {  # kind -> (stage class, its typed args: stages/args.py)
     "qwen3_tts_preprocess": (f"{_STAGES}.preprocess_stage:PreprocessStage", f"{_STAGES}.args:TTSPreprocessArgs"),

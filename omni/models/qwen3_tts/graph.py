@@ -28,6 +28,7 @@ from omni.kernel.errors import GraphError
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.models.registry import ModelInfo
 from omni.models.qwen3_tts.checkpoint.make_tiny import TINY_MARKER
+from omni.models.openai_voices import openai_voices
 from omni.models.qwen3_tts.config import load_config
 
 FAMILY = "qwen3-tts"
@@ -126,7 +127,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         voices=cfg.voices if cfg.kind == "custom_voice" else [],
         sample_rate=sample_rate_of(model_dir),
         random_weights=tiny,
-        extra={"tts_kind": cfg.kind, "model_dir": model_dir, "instructions": cfg.kind != "base",
+        extra={"tasks": ["speech"], "tts_kind": cfg.kind, "model_dir": model_dir, "openai_voices": openai_voices(model_dir),
+               "designs_voices": cfg.kind == "voice_design", "instructions": cfg.kind != "base",
                "clones_voices": base, "speaker_sample_rate": 24000, "languages": cfg.supported_languages,
                **({"tiny": json.loads((Path(model_dir) / TINY_MARKER).read_text())} if tiny else {})},
     )

@@ -32,6 +32,7 @@ from omni.layers.mlp import MLP
 from omni.layers.moe import SharedExpertMoE, tied_router_experts
 from omni.layers.norms import RMSNorm
 from omni.layers.rotary import DEFAULT_MROPE_SECTION, rope_inv_freq
+from omni.models.qwen3_omni.checkpoint.make_tiny import TINY_MARKER
 from omni.models.qwen3_omni.config import Qwen3OmniConfig, load_config
 from omni.models.qwen3_omni.modules.talker_inputs import TalkerInputs, TalkerParts, TalkerTokenIds
 from omni.models.weights import CheckpointError, checkpoint_files, load_state_dict, load_weights
@@ -110,20 +111,22 @@ class TalkerModel(CodecLM):
                 model = cls(cfg)
         finally:
             torch.set_default_dtype(previous)
-        model.load(load_state_dict(ckpt_dir, "talker", dtype=dtype), thinker_token_rows(ckpt_dir, model.tts_token_ids))
+        model.load(load_state_dict(ckpt_dir, "talker", dtype=dtype), thinker_token_rows(ckpt_dir, model.tts_token_ids),
+                   random_weights=(Path(ckpt_dir) / TINY_MARKER).is_file())
         return model.eval()
 
     @property
     def tts_token_ids(self) -> tuple[int, int, int]:
         return (self.ids.tts_bos, self.ids.tts_eos, self.ids.tts_pad)
 
-    def load(self, tensors, tts_thinker_rows: torch.Tensor) -> None:
+    def load(self, tensors, tts_thinker_rows: torch.Tensor, random_weights: bool = False) -> None:
         """`tensors`: checkpoint names under `talker.` (prefix stripped); `tts_thinker_rows`:
-        the thinker's input embeddings of tts_bos, tts_eos, tts_pad ([3, thinker H])."""
+        the thinker's input embeddings of tts_bos, tts_eos, tts_pad ([3, thinker H]). Tied router
+        rows are worth a warning in a trained checkpoint only: a tiny random one has them by design."""
         load_weights(self, tensors, "")
         ties = self.router_ties()
         if ties:
-            log.warning("talker router rows repeat (layer: tied experts) %s: expert choice is a top-k tie "
+            log.log(logging.INFO if random_weights else logging.WARNING, "talker router rows repeat (layer: tied experts) %s: expert choice is a top-k tie "
                         "broken differently on CPU and CUDA, so codes will differ by device", ties)
         with torch.no_grad():
             rows = tts_thinker_rows.to(self.tts_embeds.device, self.tts_embeds.dtype)

@@ -105,6 +105,13 @@ class Preprocessor:
         out.input_ids = self._expand(ids, out)
         return out
 
+    def raw(self, text: str) -> ThinkerInputs:
+        """A text completion's prompt as it is: tokenized without the chat template, no media."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        out = ThinkerInputs(np.zeros(0, dtype=np.int64))
+        out.input_ids = self._expand(ids, out)  # a placeholder token in the text is refused
+        return out
+
     def audio_features(self, audios: list[np.ndarray]) -> list[np.ndarray]:
         """[128, frames] log-mels per audio (16 kHz mono float32 in), all padded together."""
         if not audios:

@@ -25,7 +25,7 @@ import numpy as np
 from omni.kernel.errors import InvalidRequest, OmniError
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.models.registry import CHARS_PER_TOKEN
-from omni.models.qwen3_omni.request import chat_messages, check_voice, prompt_chars, wants_audio
+from omni.models.qwen3_omni.request import chat_messages, check_voice, completion_text, prompt_chars, wants_audio
 from omni.models.qwen3_omni.stages.args import PreprocessArgs
 from omni.stages.args import coerce_args
 from omni.stages.threads import pin_torch_threads
@@ -34,6 +34,7 @@ from omni.stages.threads import pin_torch_threads
 @dataclass
 class _Request:
     messages: list[dict[str, Any]]
+    raw_text: str | None = None  # a text completion's prompt, tokenized without the chat template
     ready: bool = False
     outputs: list[Emit] = field(default_factory=list)
 
@@ -72,7 +73,7 @@ class PreprocessStage(Stage):
             if chars > self.max_prompt_tokens * CHARS_PER_TOKEN:
                 raise InvalidRequest(f"the prompt has {chars} characters: more than the model's context of "
                                      f"{self.max_prompt_tokens} tokens can hold")
-        self.requests[rid] = _Request(messages)
+        self.requests[rid] = _Request(messages, completion_text(params))
 
     def close_input(self, rid: str) -> None:
         if rid in self.requests:
@@ -93,7 +94,7 @@ class PreprocessStage(Stage):
         for rid in [rid for rid, r in self.requests.items() if r.ready][: self.max_batch]:
             request = self.requests.pop(rid)
             try:
-                emits.extend(self.process(rid, request.messages))
+                emits.extend(self.process(rid, request.messages, request.raw_text))
             except OmniError as exc:
                 emits.append(Emit(rid, error=str(exc), error_kind=exc.kind))
             except Exception as exc:  # a broken input (e.g. an undecodable image) fails only its request
@@ -102,10 +103,10 @@ class PreprocessStage(Stage):
             self.processed += 1
         return emits
 
-    def process(self, rid: str, messages: list[dict[str, Any]]) -> list[Emit]:
+    def process(self, rid: str, messages: list[dict[str, Any]], raw_text: str | None = None) -> list[Emit]:
         from omni.models.qwen3_omni.modules.audio_encoder import default_pad_len
 
-        inputs = self.pre(messages)
+        inputs = self.pre.raw(raw_text) if raw_text is not None else self.pre(messages)
         if self.max_prompt_tokens and len(inputs.input_ids) > self.max_prompt_tokens:
             raise InvalidRequest(f"the prompt is {len(inputs.input_ids)} tokens; the model's context is "
                                  f"{self.max_prompt_tokens} tokens")

@@ -165,11 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     """`omnid make-tiny qwen3-tts DIR [--kind K] [--preset P] [--seed N]`
     (also `python -m omni.models.qwen3_tts.checkpoint.make_tiny DIR ...`)."""
     parser = argparse.ArgumentParser(prog="omnid make-tiny qwen3-tts",
-                                     description="write a random-weight Qwen3-TTS checkpoint")
-    parser.add_argument("out_dir")
-    parser.add_argument("--kind", default="custom-voice", choices=["base", "custom-voice", "voice-design"])
-    parser.add_argument("--preset", default="tiny-a", choices=sorted(PRESETS))
-    parser.add_argument("--seed", type=int, default=0)
+                                     description="write a random-weight Qwen3-TTS checkpoint of the real architecture "
+                                                 "(the qwen-tts package loads it too); what it says is noise",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("out_dir", metavar="DIR", help="the checkpoint directory to write")
+    parser.add_argument("--kind", default="custom-voice", choices=["base", "custom-voice", "voice-design"],
+                        help="custom-voice: named speakers (+ instructions for the style); voice-design: the voice "
+                             "described in instructions; base: voice cloning from an uploaded clip")
+    parser.add_argument("--preset", default="tiny-a", choices=sorted(PRESETS),
+                        help="sizes: tiny-a / tiny-b (seconds to write, for tests), full-1.7b (the published size)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     parser.add_argument("--device", default="cpu", help="where the weights are drawn (cuda: fast at full size)")
     args = parser.parse_args(argv)
     print(make_tiny(args.out_dir, kind=args.kind, preset=args.preset, seed=args.seed, device=args.device),

@@ -15,7 +15,8 @@ from omni import env
 from omni.models.whisper.checkpoint.convert_ct2 import PACKAGES, convert, packaged_sources
 
 log = logging.getLogger("omni.whisper")
-EMBEDDED_PREFERENCE = ("base", "tiny.en")  # the first installed one is served by default
+EMBEDDED_PREFERENCE = ("tiny.en", "base")  # the first installed one is served by default: installing
+# the `whisper` extra (base) never swaps it; serve base with `omnid serve --model /tmp/whisper-base` (README)
 
 
 def packaged_name(src: str) -> str | None:
