@@ -14,7 +14,8 @@ from omni.api.openapi import build_openapi
 from test_api_support import LiveServer
 
 MODELS = ["omni-demo", "gpt-4o", "gpt-4o-mini", "gpt-4o-audio-preview", "gpt-4o-mini-audio-preview",  # + OpenAI's
-          "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]  # names of its tasks
+          "gpt-realtime", "gpt-realtime-mini", "gpt-4o-realtime-preview", "gpt-4o-mini-realtime-preview",  # names of
+          "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]  # its tasks
 schema = schemathesis.openapi.from_dict(build_openapi(voices=["tone"], models=MODELS))
 
 
