@@ -429,6 +429,10 @@ class _Kernels:
     def __init__(self, kernels: list) -> None:
         self.kernels = kernels
 
+    def end_requests(self, reason: str) -> None:
+        for kernel in self.kernels:
+            kernel.end_requests(reason)
+
     async def stop(self) -> None:
         for kernel in self.kernels:
             await kernel.stop()

@@ -91,8 +91,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
                 raise
             log.warning("speech stream %s failed after it started: %s", gen.rid, exc)
             if sse is not None:
-                await sse.send_error(as_api_error(exc))
-                return await sse.done(marker=False)
+                return await sse.fail(as_api_error(exc))
             if request.transport is not None:  # a cut-off body, so the client cannot mistake it for whole
                 request.transport.close()
             return response

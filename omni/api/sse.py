@@ -1,4 +1,5 @@
-"""Server-sent events on an aiohttp response: `data: <json>\\n\\n` frames, then `data: [DONE]`."""
+"""Server-sent events on an aiohttp response: `data: <json>\\n\\n` frames, then `data: [DONE]` (after an
+error event too)."""
 
 from __future__ import annotations
 
@@ -36,9 +37,12 @@ class SseStream:
         head = b"event: " + event.encode() + b"\n" if event else b""
         await write_stream(self.request, self.response, head + b"data: " + _encode(payload) + b"\n\n")
 
-    async def send_error(self, err: ApiError) -> None:
-        """A failure after the stream started: an error event (the openai client raises on it)."""
+    async def fail(self, err: ApiError) -> web.StreamResponse:
+        """A failure after the stream started (a dead stage, the server shutting down): an error
+        event (the openai client raises on it), then `[DONE]`, so that no client mistakes the end
+        for a network fault."""
         await self.send(err.body())
+        return await self.done()
 
     async def done(self, marker: bool = True) -> web.StreamResponse:
         await self.open()
