@@ -11,6 +11,7 @@ any middleware runs (a malformed request line, a header over 8 KB), get the Open
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from aiohttp import web
@@ -21,6 +22,7 @@ from aiohttp.web_server import Server
 from omni.api.errors import ApiError, bad_request, error_response, too_large
 from omni.api.state import STATE
 
+log = logging.getLogger("omni.api")
 LINGER_S = 1.0
 
 
@@ -29,6 +31,11 @@ class _JsonErrorHandler(RequestHandler):
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0 and isinstance(exc, ConnectionError):
+            # the client left (or was cut off) mid-response, e.g. on a stream's error event after a
+            # stage died: one line, not aiohttp's traceback, and the connection ends as aiohttp ends it
+            log.info("%s %s: the connection ended mid-response: %s", request.method, request.path, exc)
+            raise ConnectionError("the response was under way; the connection is gone")
         if request.writer.output_size > 0:  # a response is under way: aiohttp cuts the connection
             return super().handle_error(request, status, exc, message)
         if isinstance(exc, LineTooLong):
