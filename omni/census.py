@@ -142,10 +142,16 @@ def snapshot() -> dict[str, Any]:
     return census
 
 
-def install(loop, name: str, directory: str) -> None:
-    """Write a census to `directory` at every SIGUSR1 (on the event loop: the worker thread runs on)."""
+def install_if_asked(loop, name: str) -> None:
+    """Write a census to $OMNI_CENSUS_DIR at every SIGUSR1 (on the event loop: the worker thread
+    runs on); nothing without the variable."""
     import signal
 
+    from omni.env import census_dir
+
+    directory = census_dir()
+    if not directory:
+        return
     count = [0]
 
     def dump() -> None:
