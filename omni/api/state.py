@@ -70,7 +70,7 @@ class ServerState:
     budgets: Budgets = None  # every client's data in total (budgets.py); made from config.budgets
 
     def __post_init__(self) -> None:
-        limits = {**self.config.budgets, "voice_cache": self.config.voice_cache_bytes}
+        limits = {**default_limits(), **self.config.budgets, "voice_cache": self.config.voice_cache_bytes}
         self.budgets = self.budgets or Budgets(limits)
         self.metrics.watch_budgets(self.budgets)
 

@@ -27,6 +27,7 @@ log = logging.getLogger("omni.api")
 ROUTE = "/v1/realtime"
 KEY_PROTOCOL = "openai-insecure-api-key."
 MAX_EVENT_BYTES = 16 << 20  # OpenAI's limit on one client event is 15 MiB
+GOING_AWAY_S = 2.0  # at shutdown, for a socket's error event and close handshake
 MAX_SESSIONS = 256  # open sockets at once; more are refused with a 429 before the upgrade
 SOCKETS = web.AppKey("omni_realtime_sockets", set)  # the open sockets' outboxes
 _GA_NAMES = {
@@ -78,9 +79,17 @@ class Outbox:
             await self.ws.send_str(data)
 
     async def going_away(self, err: ApiError) -> None:
-        """The server stops: an `error` event saying why, then close code 1001 (going away)."""
-        await self.send(error_event(err))
-        await self.ws.close(code=1001, message=b"server shutting down")
+        """The server stops: an `error` event saying why, then close code 1001 (going away); a
+        client that takes neither within GOING_AWAY_S is cut off (the drain's time is bounded)."""
+        async def farewell() -> None:
+            await self.send(error_event(err))
+            await self.ws.close(code=1001, message=b"server shutting down")
+
+        try:
+            await asyncio.wait_for(farewell(), GOING_AWAY_S)
+        except asyncio.TimeoutError:
+            if self.output.transport is not None:
+                self.output.transport.abort()
 
 
 async def realtime(request: web.Request) -> web.WebSocketResponse:
@@ -109,10 +118,10 @@ async def realtime(request: web.Request) -> web.WebSocketResponse:
                 await session.handle(msg.data)  # JSON in a binary frame reads the same
             elif msg.type == WSMsgType.ERROR:
                 break
-    finally:
-        await asyncio.shield(session.close())
-        outbox.output.close()
+    finally:  # what needs no await first: a disconnect cancels this handler, maybe again in the await
         request.app[SOCKETS].discard(outbox)
+        outbox.output.close()
+        await asyncio.shield(session.close())
     return ws
 
 
