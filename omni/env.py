@@ -4,6 +4,8 @@ variables: see omni/stages/args.py).
 - OMNI_CACHE_DIR (else $XDG_CACHE_HOME/omni, else ~/.cache/omni): converted and exported models;
 - OMNI_RUN_ROOT (else the temp dir): where each kernel run keeps its sockets and logs;
 - OMNI_API_KEY: the key omnid serve asks clients for (the default of --api-key);
+- OMNI_CENSUS_DIR: each stage process writes a heap / tensor census there at SIGUSR1 (omni/census.py;
+  bench/soak.py --census sets it);
 - TRITON_INTERPRET=1 (triton's own): its kernels run on the CPU interpreter (tests).
 """
 
@@ -26,6 +28,10 @@ def run_root() -> Path:
 
 def api_key() -> str | None:
     return os.environ.get("OMNI_API_KEY") or None
+
+
+def census_dir() -> str | None:
+    return os.environ.get("OMNI_CENSUS_DIR") or None
 
 
 def triton_interpret() -> bool:

@@ -35,3 +35,67 @@ def test_an_unreadable_image_error_names_no_object_address():
     with pytest.raises(ApiError) as err:
         _check_image(base64.b64decode("bm90IGFuIGltYWdl"), "image_url", MediaLimits())
     assert " at 0x" not in str(err.value) and "not a readable image" in str(err.value)
+
+
+def test_a_connection_gone_mid_stream_is_one_log_line_not_a_traceback(monkeypatch, caplog):
+    """After a stage dies a stream ends on an error event; a client that leaves on it makes the next
+    write fail. That is one clean line, not aiohttp's "Error handling request" traceback."""
+    import logging
+
+    import requests
+    from aiohttp import web
+
+    from omni.api import routes_chat
+    from test_api_support import LiveServer
+
+    async def leaves_mid_stream(request):
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(b"data: {}\n\n")
+        raise ConnectionResetError("Cannot write to closing transport")
+
+    monkeypatch.setattr(routes_chat, "chat_completions", leaves_mid_stream)
+    with caplog.at_level(logging.INFO), LiveServer(mode="inline") as srv:
+        with pytest.raises(requests.RequestException):
+            requests.post(srv.url + "/v1/chat/completions", json={}, timeout=10).content
+    assert not [r for r in caplog.records if "Error handling request" in r.getMessage() or r.exc_info]
+    assert [r for r in caplog.records if "the connection ended mid-response" in r.getMessage()]
+
+
+def _prompt(seed: int):
+    import numpy as np
+
+    from omni.api.voices import Prompt
+
+    rng = np.random.default_rng(seed)
+    return Prompt(rng.standard_normal(256).astype(np.float32), rng.integers(0, 64, (200, 4)), "text")
+
+
+def test_the_voice_cache_is_trimmed_to_its_bound_at_start_up(tmp_path):
+    import os
+
+    from omni.api.budgets import Budget
+    from omni.api.voices import VoiceStore
+
+    store = VoiceStore(tmp_path, max_bytes=10 ** 9)
+    voices = [store.add(name, _prompt(i), 1.0) for i, name in enumerate("abc")]
+    one = store.total_bytes // 3
+    for age, voice in enumerate(voices):  # "a" the least recently used, "c" the most
+        os.utime(tmp_path / f"{voice.id}.npz", (1000 + age, 1000 + age))
+    budget = Budget("voice_cache", int(one * 1.5))
+    smaller = VoiceStore(tmp_path, max_bytes=int(one * 1.5), lease=budget.lease())  # a smaller --voice-cache-mb
+    assert [v.name for v in smaller.list()] == ["c"] and smaller.total_bytes <= smaller.max_bytes
+    assert budget.used == smaller.total_bytes
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{voices[2].id}.json", f"{voices[2].id}.npz"])
+
+
+def test_voices_of_an_earlier_checkpoint_of_the_model_are_removed_at_start_up(tmp_path):
+    from omni.api.voices import VoiceStore
+
+    old = VoiceStore(tmp_path / "tiny-tts-0123456789abcdef")
+    old.add("kept-before", _prompt(0), 1.0)
+    other_model = VoiceStore(tmp_path / "other-model-0123456789abcdef")
+    other_model.add("theirs", _prompt(1), 1.0)
+    new = VoiceStore(tmp_path / "tiny-tts-fedcba9876543210")  # the same model id, changed files
+    assert new.orphans_removed > 0 and not (tmp_path / "tiny-tts-0123456789abcdef").exists()
+    assert [v.name for v in VoiceStore(tmp_path / "other-model-0123456789abcdef").list()] == ["theirs"]

@@ -4,7 +4,7 @@ middlewares.
 Middleware order, outermost first: metrics (sees every final status), errors (renders refusals as
 OpenAI bodies), auth (/v1/*, and /metrics unless `public_metrics`), admission (counts in-flight
 requests for the drain; refuses new ones while draining, and past capacity before any body is read
-or media decoded).
+or media decoded; gives a request's upload and queued output back to their budgets when it ends).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any
 from aiohttp import web
 
 from omni.api import playground, routes_audio, routes_chat, routes_completions, routes_info, routes_transcribe, routes_voices
+from omni.api.client_output import close_output
+from omni.api.connections import release_upload
 from omni.api.cors import install_cors
 from omni.api.errors import ApiError, error_middleware
 from omni.api.metrics import route_label
@@ -76,6 +78,8 @@ async def admission_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     finally:
+        release_upload(request)
+        close_output(request)
         state._left()
 
 
@@ -88,8 +92,8 @@ def build_app(kernel: Any, info: ModelInfo, stage_names: list[str], config: Serv
                                        admission_middleware])
     if config.allowed_origins:
         install_cors(app, config.allowed_origins)
-    app[STATE] = ServerState(kernel, info, list(stage_names), config, extra_models=list(extra_models or ()),
-                             voices=routes_voices.open_store(info, config))
+    state = app[STATE] = ServerState(kernel, info, list(stage_names), config, extra_models=list(extra_models or ()))
+    state.voices = routes_voices.open_store(info, config, state.budgets["voice_cache"])
     app.router.add_post(routes_chat.ROUTE, routes_chat.chat_completions)
     routes_completions.install(app)
     app.router.add_post(routes_audio.SPEECH_ROUTE, routes_audio.speech)

@@ -127,6 +127,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--voice-cache-mb", type=float, default=256.0,
                         help="uploaded voices kept on disk (models that clone voices); past it the least recently "
                              "used are evicted")
+    parser.add_argument("--memory-budget-mb", dest="memory_budgets", action="append", default=[],
+                        metavar="RESOURCE=MB",
+                        help="total memory every client together may hold in one resource: realtime_audio, "
+                             "conversation, uploads, output (default: 1/16, 1/16, 1/8 and 1/32 of this machine's "
+                             "memory); repeatable")
+    parser.add_argument("--max-queued-output-mb", type=float, default=8.0,
+                        help="output one connection (HTTP stream or WebSocket) may leave unread before it is cut off")
     parser.add_argument("--max-audio-seconds", type=float, default=600.0, help="longest input audio")
     parser.add_argument("--image-host", action="append", default=[], help="allow image_url from this host")
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish requests on stop")
@@ -260,9 +267,28 @@ def server_config(args: argparse.Namespace):
                         max_body_bytes=int(args.max_body_mb * (1 << 20)),
                         limits=MediaLimits(max_audio_seconds=args.max_audio_seconds, image_hosts=args.image_host),
                         request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,
+                        budgets=memory_budgets(args.memory_budgets),
+                        max_queued_output_bytes=int(args.max_queued_output_mb * (1 << 20)),
                         model_aliases=args.served_model_name[1:],
                         voice_dir=str(cache_dir() / "voices"), voice_cache_bytes=int(args.voice_cache_mb * (1 << 20)),
                         allowed_origins=allowed_origins(args.allowed_origins))
+
+
+def memory_budgets(flags: list[str]) -> dict[str, int]:
+    """--memory-budget-mb RESOURCE=MB flags over the defaults derived from this machine's memory."""
+    from omni.api.budgets import DEFAULT_SHARES, default_limits
+
+    limits = default_limits()
+    for flag in flags:
+        name, sep, value = flag.partition("=")
+        if not sep or name.strip() not in DEFAULT_SHARES:
+            raise CliError(f"--memory-budget-mb takes RESOURCE=MB with RESOURCE one of {', '.join(DEFAULT_SHARES)}, "
+                           f"not {flag!r}")
+        try:
+            limits[name.strip()] = int(float(value) * (1 << 20))
+        except ValueError:
+            raise CliError(f"--memory-budget-mb {flag!r}: {value!r} is not a number of MB") from None
+    return limits
 
 
 def api_key(args: argparse.Namespace) -> str | None:
@@ -421,6 +447,10 @@ class _Kernels:
 
     def __init__(self, kernels: list) -> None:
         self.kernels = kernels
+
+    def end_requests(self, reason: str) -> None:
+        for kernel in self.kernels:
+            kernel.end_requests(reason)
 
     async def stop(self) -> None:
         for kernel in self.kernels:

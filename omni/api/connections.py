@@ -2,14 +2,16 @@
 
 aiohttp closes a connection that has not sent a whole request head within `keepalive_timeout` of
 opening (or of its last response), whatever trickles in meanwhile: that is the header timeout. The
-body is read by the routes, each under `read_body`'s timeout; streamed answers are written with
-`write_within`, so a client that stops reading is cut off too. Errors aiohttp answers itself, before
+body is read by the routes, each under `read_body`'s timeout, and held on the server's `uploads`
+budget until the request ends; streamed answers are written under `client_output`'s rule, so a
+client that stops reading is cut off too. Errors aiohttp answers itself, before
 any middleware runs (a malformed request line, a header over 8 KB), get the OpenAI error body too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from aiohttp import web
@@ -20,6 +22,7 @@ from aiohttp.web_server import Server
 from omni.api.errors import ApiError, bad_request, error_response, too_large
 from omni.api.state import STATE
 
+log = logging.getLogger("omni.api")
 LINGER_S = 1.0
 
 
@@ -28,6 +31,11 @@ class _JsonErrorHandler(RequestHandler):
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0 and isinstance(exc, ConnectionError):
+            # the client left (or was cut off) mid-response, e.g. on a stream's error event after a
+            # stage died: one line, not aiohttp's traceback, and the connection ends as aiohttp ends it
+            log.info("%s %s: the connection ended mid-response: %s", request.method, request.path, exc)
+            raise ConnectionError("the response was under way; the connection is gone")
         if request.writer.output_size > 0:  # a response is under way: aiohttp cuts the connection
             return super().handle_error(request, status, exc, message)
         if isinstance(exc, LineTooLong):
@@ -62,9 +70,28 @@ class GuardedRunner(web.AppRunner):
         return server
 
 
+UPLOAD = web.RequestKey("omni_upload_lease", object)
+
+
+def upload_lease(request: web.Request, nbytes: int) -> None:
+    """Hold `nbytes` of this request's body on the server's `uploads` budget until the request ends
+    (a 429 when every upload together would pass it, before a byte more is read)."""
+    if UPLOAD not in request:
+        request[UPLOAD] = request.app[STATE].budgets["uploads"].lease()
+    request[UPLOAD].resize(nbytes)
+
+
+def release_upload(request: web.Request) -> None:
+    if UPLOAD in request:
+        request[UPLOAD].close()
+
+
 async def read_body(request: web.Request) -> bytes:
     """The whole body, or a 408 when it has not arrived within the server's body timeout."""
-    return await within_body_timeout(request, request.read())
+    upload_lease(request, request.content_length or 0)
+    body = await within_body_timeout(request, request.read())
+    upload_lease(request, len(body))
+    return body
 
 
 async def within_body_timeout(request: web.Request, reading):
@@ -76,17 +103,6 @@ async def within_body_timeout(request: web.Request, reading):
         err = ApiError(408, f"the request body did not arrive within {timeout_s:g} s", code="body_timeout")
         raise err from None
 
-
-async def write_within(request: web.Request, response: web.StreamResponse, data: bytes) -> None:
-    """Write to a client that must keep reading: one that takes in nothing for the server's write
-    timeout is cut off (its handler ends, so its request is cancelled in every stage)."""
-    timeout_s = request.app[STATE].config.write_timeout_s
-    try:
-        await asyncio.wait_for(response.write(data), timeout_s)
-    except asyncio.TimeoutError:
-        if request.transport is not None:
-            request.transport.abort()
-        raise ConnectionResetError(f"the client read nothing for {timeout_s:g} s") from None
 
 
 MAX_FIELD_BYTES = 64 << 10  # a multipart field that is not the file
@@ -100,6 +116,7 @@ async def read_form(request: web.Request, max_file_bytes: int, file_fields: tupl
         raise bad_request(f"expected multipart/form-data, got {request.content_type!r}", code="invalid_content_type")
     fields: dict[str, str] = {}
     audio: bytes | None = None
+    upload_lease(request, request.content_length or 0)
     try:
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
@@ -121,4 +138,5 @@ async def read_form(request: web.Request, max_file_bytes: int, file_fields: tupl
         raise
     except Exception as exc:  # aiohttp raises assorted types (InvalidHeader, ValueError...) for a bad body
         raise bad_request(f"malformed multipart body: {exc}", code="invalid_multipart") from None
+    upload_lease(request, sum(len(v) for v in fields.values()) + len(audio or b""))
     return fields, audio

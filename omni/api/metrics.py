@@ -80,6 +80,28 @@ class _StageCollector:
             yield time_s
 
 
+class _BudgetCollector:
+    """Each memory budget's limit, bytes held now, peak and refused requests, by resource."""
+
+    def __init__(self, budgets) -> None:
+        self.budgets = budgets
+
+    def collect(self):
+        fields = (("omni_memory_budget_limit_bytes", "total bytes allowed", "limit"),
+                  ("omni_memory_budget_used_bytes", "bytes held now by every client together", "used"),
+                  ("omni_memory_budget_peak_bytes", "most bytes held at once", "peak"))
+        for name, doc, attr in fields:
+            family = GaugeMetricFamily(name, f"memory budget: {doc}", labels=["resource"])
+            for budget in self.budgets:
+                family.add_metric([budget.resource], float(getattr(budget, attr)))
+            yield family
+        refusals = CounterMetricFamily("omni_memory_budget_refusals", "memory budget: requests refused for it",
+                                       labels=["resource"])
+        for budget in self.budgets:
+            refusals.add_metric([budget.resource], float(budget.refusals))
+        yield refusals
+
+
 class ApiMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -95,6 +117,10 @@ class ApiMetrics:
                                       ["route"], buckets=_TPS_BUCKETS, registry=self.registry)
         self.stages = _StageCollector()
         self.registry.register(self.stages)
+
+    def watch_budgets(self, budgets) -> None:
+        """Report the server's memory budgets (budgets.py) at every scrape."""
+        self.registry.register(_BudgetCollector(budgets))
 
     def render(self, stage_stats: dict[str, dict]) -> bytes:
         self.stages.snapshot = stage_stats

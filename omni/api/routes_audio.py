@@ -17,7 +17,8 @@ import numpy as np
 from aiohttp import web
 
 from omni.api.audio_codec import CONTENT_TYPES, StreamEncoder
-from omni.api.connections import read_body, write_within
+from omni.api.client_output import write_stream
+from omni.api.connections import read_body
 from omni.api.errors import as_api_error
 from omni.api.generation import AudioPiece, Finish, KernelRequest
 from omni.api.metrics import RequestTimer
@@ -68,7 +69,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
         if response is None:
             response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[req.response_format]})
             await response.prepare(request)
-        await write_within(request, response, data)
+        await write_stream(request, response, data)
 
     async with KernelRequest(state.kernel, params, timer, None, state.config.request_timeout_s) as gen:
         try:
@@ -93,8 +94,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
                 raise
             log.warning("speech stream %s failed after it started: %s", gen.rid, exc)
             if sse is not None:
-                await sse.send_error(as_api_error(exc))
-                return await sse.done(marker=False)
+                return await sse.fail(as_api_error(exc))
             if request.transport is not None:  # a cut-off body, so the client cannot mistake it for whole
                 request.transport.close()
             return response

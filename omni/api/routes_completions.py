@@ -87,8 +87,7 @@ async def _stream(request: web.Request, choices: Choices, req: CompletionRequest
     except Exception as exc:  # after the first byte the status is sent: report in-band, then end
         if not sse.started:
             raise
-        await sse.send_error(as_api_error(exc))
-        return await sse.done(marker=False)
+        return await sse.fail(as_api_error(exc))
     if include_usage:
         await sse.send({**meta, "object": "text_completion", "choices": [], "usage": _usage(finishes, req.n)})
     return await sse.done()

@@ -131,8 +131,7 @@ async def _stream(request: web.Request, gen: KernelRequest, duration: float) -> 
     except Exception as exc:  # after the first event the status is sent: report in-band
         if not sse.started:
             raise
-        await sse.send_error(as_api_error(exc))
-        return await sse.done(marker=False)
+        return await sse.fail(as_api_error(exc))
     await sse.send({"type": "transcript.text.done", "text": "".join(texts).strip(),
                     "usage": {"type": "duration", "seconds": duration}})
     return await sse.done(marker=False)

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from omni.api.budgets import Budget
 from omni.api.connections import read_body, read_form, within_body_timeout
 from omni.api.errors import ApiError, as_api_error, bad_request, unknown_voice
 from omni.api.media import audio_part, b64decode_strict, decode_audio
@@ -38,12 +39,14 @@ def clones_voices(info) -> bool:
     return bool(info.extra.get("clones_voices"))
 
 
-def open_store(info, config) -> VoiceStore | None:
-    """The voice store of a model that clones voices (None for any other model)."""
+def open_store(info, config, budget: Budget | None = None) -> VoiceStore | None:
+    """The voice store of a model that clones voices (None for any other model), on the server's
+    `voice_cache` budget."""
     if not clones_voices(info):
         return None
     root = config.voice_dir or tempfile.mkdtemp(prefix="omni-voices-")  # omnid passes <cache dir>/voices
-    return VoiceStore(f"{root}/{namespace(info)}", config.voice_cache_bytes)
+    return VoiceStore(f"{root}/{namespace(info)}", config.voice_cache_bytes,
+                      lease=budget.lease() if budget is not None else None)
 
 
 def _store(state) -> VoiceStore:

@@ -1,4 +1,5 @@
-"""Running the app: listen, wait for SIGINT / SIGTERM, drain in-flight requests, stop the kernel.
+"""Running the app: listen, wait for SIGINT / SIGTERM, drain in-flight requests (new ones get a 503
+at once), end what is still streaming with a final event, stop the kernel.
 
 `start_http` / `stop_http` are also what tests and notebooks use to serve an app on a free port.
 """
@@ -19,9 +20,10 @@ log = logging.getLogger("omni.api")
 
 
 def stop_reserve(drain_timeout_s: float) -> float:
-    """Seconds of the drain timeout kept for closing connections and stopping the stages. aiohttp
-    gives a handler still running its shutdown timeout twice (to finish, then once cancelled), a
-    quarter of this each; the stages get the rest."""
+    """Seconds of the drain timeout kept for ending the streams, closing connections and stopping
+    the stages: the streams get a quarter to write their final events, aiohttp gives a handler
+    still running its shutdown timeout twice (to finish, then once cancelled), a quarter each; the
+    stages get the rest."""
     return min(3.0, 0.4 * drain_timeout_s)
 
 
@@ -61,6 +63,16 @@ class HttpServer:
                         state.inflight)
         return done
 
+    async def end_streams(self, kernel, grace_s: float) -> None:
+        """Past the drain: end every request still in flight with the shutdown's error, so each
+        stream writes its final event (SSE: an error event, then `[DONE]`), and give the handlers
+        `grace_s` to write it. Realtime sockets get theirs when the runner closes them."""
+        state = self.app[STATE]
+        if state.inflight:
+            log.warning("ending %d request(s) still in flight with a shutdown error", state.inflight)
+        kernel.end_requests("the server is shutting down")
+        await state.wait_idle(grace_s)
+
     async def stop(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
@@ -70,7 +82,9 @@ class HttpServer:
 async def serve_until_signal(server: HttpServer, kernel, drain_timeout_s: float,
                              on_listening: Callable[[str], None] = print,
                              stop_event: asyncio.Event | None = None) -> None:
-    """Serve until SIGINT/SIGTERM (or `stop_event`), then drain, close HTTP, and stop the kernel."""
+    """Serve until SIGINT/SIGTERM (or `stop_event`), then drain, end the streams, close HTTP, and stop
+    the kernel. The stages ignore a SIGTERM sent to the whole process group (kernel/proc.py): they
+    serve through the drain and leave when the kernel stops them."""
     loop = asyncio.get_running_loop()
     stop = stop_event or asyncio.Event()
 
@@ -91,8 +105,11 @@ async def serve_until_signal(server: HttpServer, kernel, drain_timeout_s: float,
         on_listening(f"omnid listening on {server.url}")
         await stop.wait()
         log.info("shutting down: draining requests, then stopping every stage")
-        # the drain leaves time to close connections and stop the stages inside drain_timeout_s
-        await server.drain(max(0.0, drain_timeout_s - stop_reserve(drain_timeout_s)))
+        # the drain leaves time to end the streams, close connections and stop the stages inside
+        # drain_timeout_s
+        reserve = stop_reserve(drain_timeout_s)
+        await server.drain(max(0.0, drain_timeout_s - reserve))
+        await server.end_streams(kernel, reserve / 4)
     finally:
         await server.stop()
         await kernel.stop()

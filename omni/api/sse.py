@@ -1,11 +1,12 @@
-"""Server-sent events on an aiohttp response: `data: <json>\\n\\n` frames, then `data: [DONE]`."""
+"""Server-sent events on an aiohttp response: `data: <json>\\n\\n` frames, then `data: [DONE]` (after an
+error event too)."""
 
 from __future__ import annotations
 
 import msgspec
 from aiohttp import web
 
-from omni.api.connections import write_within
+from omni.api.client_output import write_stream
 from omni.api.errors import ApiError
 
 _encode = msgspec.json.Encoder().encode
@@ -34,15 +35,18 @@ class SseStream:
     async def send(self, payload: dict, event: str | None = None) -> None:
         await self.open()
         head = b"event: " + event.encode() + b"\n" if event else b""
-        await write_within(self.request, self.response, head + b"data: " + _encode(payload) + b"\n\n")
+        await write_stream(self.request, self.response, head + b"data: " + _encode(payload) + b"\n\n")
 
-    async def send_error(self, err: ApiError) -> None:
-        """A failure after the stream started: an error event (the openai client raises on it)."""
+    async def fail(self, err: ApiError) -> web.StreamResponse:
+        """A failure after the stream started (a dead stage, the server shutting down): an error
+        event (the openai client raises on it), then `[DONE]`, so that no client mistakes the end
+        for a network fault."""
         await self.send(err.body())
+        return await self.done()
 
     async def done(self, marker: bool = True) -> web.StreamResponse:
         await self.open()
         if marker:
-            await write_within(self.request, self.response, b"data: [DONE]\n\n")
+            await write_stream(self.request, self.response, b"data: [DONE]\n\n")
         await self.response.write_eof()
         return self.response

@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from omni.api.aliases import CHAT, OPENAI_ALIASES, SPEECH, TRANSCRIBE, TRANSLATE, alias_task, chats, translates
+from omni.api.budgets import Budgets, default_limits
 from omni.api.media import MediaLimits
 from omni.api.metrics import ApiMetrics
 from omni.models.registry import ModelInfo
@@ -30,7 +31,9 @@ class ServerConfig:
     drain_timeout_s: float = 30.0  # SIGTERM to exit, whatever the clients do
     header_timeout_s: float = 10.0  # a connection's request head must arrive within this (also keep-alive idle)
     body_timeout_s: float = 60.0  # a request's whole body must arrive within this
-    write_timeout_s: float = 60.0  # a streamed answer's client must take in data at least this often
+    write_timeout_s: float = 60.0  # a client (HTTP stream or WebSocket) must take in output at least this often
+    max_queued_output_bytes: int = 8 << 20  # output one connection may leave unread (past it: cut off)
+    budgets: dict[str, int] = field(default_factory=default_limits)  # total bytes per resource (budgets.py)
     public_metrics: bool = False  # with api_key: /metrics stays open (it names stage PIDs and traffic)
     max_concurrent: int | None = None  # POSTs admitted at once (429 beyond); None: the kernel's max_inflight
     probe_timeout_s: float = 1.0
@@ -64,6 +67,12 @@ class ServerState:
     _idle: asyncio.Event | None = None
     extra_models: list[ServedModel] = field(default_factory=list)
     voices: Any = None  # the VoiceStore of a model that clones voices
+    budgets: Budgets = None  # every client's data in total (budgets.py); made from config.budgets
+
+    def __post_init__(self) -> None:
+        limits = {**default_limits(), **self.config.budgets, "voice_cache": self.config.voice_cache_bytes}
+        self.budgets = self.budgets or Budgets(limits)
+        self.metrics.watch_budgets(self.budgets)
 
     def model_names(self) -> list[str]:
         """Every name a client may use: the served models, operator aliases, then those OpenAI names

@@ -5,7 +5,9 @@ then kept here: in memory, and on disk under omni's cache directory, so it survi
 The disk copy is bounded (`max_bytes` in all): adding a voice past the bound evicts the least
 recently used ones (use = a request speaking in it; recency is the arrays file's mtime, so it
 survives a restart too). Voices belong to one checkpoint: the directory is keyed by the model's
-files (a changed checkpoint starts with no voices rather than with prompts of other weights).
+files (a changed checkpoint starts with no voices rather than with prompts of other weights, and
+the directory of the earlier one is removed at start-up). At start-up the cache is trimmed to
+`max_bytes` too (the bound may have shrunk since the voices were made).
 
 Files: `<id>.npz` (the arrays) and `<id>.json` (the rest), written atomically; a voice exists once
 its JSON does. Nothing here knows a model family: the prompt is opaque bytes in the params the
@@ -20,6 +22,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from omni.api.budgets import Lease
 from omni.api.errors import ApiError, bad_request
 
 log = logging.getLogger("omni.api.voices")
@@ -92,13 +96,17 @@ def namespace(info) -> str:
 
 
 class VoiceStore:
-    def __init__(self, root: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, root: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, lease: Lease | None = None) -> None:
         self.root = Path(root)
         self.max_bytes = int(max_bytes)
+        self.lease = lease  # the server's voice_cache budget, told what the files take
         self.root.mkdir(parents=True, exist_ok=True)
         self._voices: dict[str, Voice] = {}
         self._prompts: dict[str, Prompt] = {}
+        self.orphans_removed = remove_orphans(self.root)
         self._load()
+        self._evict(keep=None)  # a smaller --voice-cache-mb than last time holds from the start
+        self._settle()
 
     # ---- lookup ---------------------------------------------------------------------------
 
@@ -146,6 +154,7 @@ class VoiceStore:
         self._voices[voice.id] = voice
         self._prompts[voice.id] = prompt
         self._evict(keep=voice.id)
+        self._settle()
         return voice
 
     def delete(self, key: str) -> Voice | None:
@@ -154,9 +163,14 @@ class VoiceStore:
             del self._voices[voice.id]
             self._prompts.pop(voice.id, None)
             self._remove_files(voice.id)
+            self._settle()
         return voice
 
-    def _evict(self, keep: str) -> None:
+    def _settle(self) -> None:
+        if self.lease is not None:
+            self.lease.settle(self.total_bytes)
+
+    def _evict(self, keep: str | None) -> None:
         """Least recently used first, until the files fit `max_bytes`."""
         by_age = sorted((v for v in self._voices.values() if v.id != keep), key=lambda v: self._last_used(v.id))
         total = self.total_bytes
@@ -225,6 +239,28 @@ class VoiceStore:
                 orphan.unlink(missing_ok=True)
         for tmp in self.root.glob(".voice_*.tmp"):
             tmp.unlink(missing_ok=True)
+
+
+_NAMESPACE_RE = re.compile(r"(.+)-[0-9a-f]{16}\Z")
+
+
+def remove_orphans(root: Path) -> int:
+    """Remove the voice directories of this model's earlier checkpoints (a sibling named like `root`,
+    the same model id, with another files digest: no weights served can use their prompts). Returns
+    the bytes removed."""
+    match = _NAMESPACE_RE.match(root.name)
+    if match is None or not root.parent.is_dir():
+        return 0
+    removed = 0
+    for other in root.parent.iterdir():
+        found = _NAMESPACE_RE.match(other.name)
+        if other == root or not other.is_dir() or found is None or found.group(1) != match.group(1):
+            continue
+        size = sum(p.stat().st_size for p in other.iterdir() if p.is_file())
+        shutil.rmtree(other, ignore_errors=True)
+        removed += size
+        log.info("removed %s: voices of an earlier checkpoint of this model (%d bytes)", other, size)
+    return removed
 
 
 def check_name(name: str) -> None:

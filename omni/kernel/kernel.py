@@ -73,14 +73,19 @@ class Kernel:
         if self._closed:
             return
         self._closed = True
-        for rid in list(self._inflight):
-            self._finish(rid, KernelClosed("the kernel is shutting down"))
+        self.end_requests("the kernel is shutting down")
         await self.supervisor.stop()
         self.outbox.close()
         self.mailbox.close()
         self._readers.close()
         release_leftovers(self.graph, shm_owner(self.instance))
         shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def end_requests(self, reason: str) -> None:
+        """End every in-flight request with KernelClosed(reason), freed in every stage; the stages
+        stay up (a server ending its streams before it stops them)."""
+        for rid in list(self._inflight):
+            self._finish(rid, KernelClosed(reason))
 
     async def __aenter__(self) -> Kernel:
         await self.start()

@@ -33,6 +33,9 @@ async def _serve(config: dict[str, Any]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _on_signal, actor, config["parent_pid"], sig)
+    from omni.census import install_if_asked
+
+    install_if_asked(loop, actor.name)  # a heap census at SIGUSR1 under $OMNI_CENSUS_DIR
     watcher = asyncio.create_task(_watch_parent(actor, config["parent_pid"]))
     try:
         await actor.run()

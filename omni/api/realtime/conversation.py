@@ -2,7 +2,8 @@
 messages (the kernel's params contract) each response is generated from.
 
 User audio is kept as 16 kHz float32 (what the audio encoders take); for a model that does not hear,
-each audio turn carries the transcript the served Whisper made of it instead.
+each audio turn carries the transcript the served Whisper made of it instead. What it holds (audio
+and text) is on a lease of the server's `conversation` budget, shared by every session.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from omni.api.budgets import Lease
 from omni.api.errors import bad_request
 from omni.api.media import audio_part
 from omni.api.realtime.vad import VAD_RATE
@@ -53,6 +55,9 @@ class Item:
     def render(self, beta: bool) -> dict:
         return {"id": self.id, "object": "realtime.item", "type": "message", "status": self.status,
                 "role": self.role, "content": [p.render(beta) for p in self.parts]}
+
+    def nbytes(self) -> int:
+        return sum((p.pcm.nbytes if p.pcm is not None else 0) + len(p.text.encode()) for p in self.parts)
 
     def untranscribed(self) -> list[Part]:
         return [p for p in self.parts if p.kind == "input_audio" and not p.transcribed]
@@ -115,14 +120,16 @@ def _b64(data: str, param: str) -> bytes:
 
 
 class Conversation:
-    def __init__(self) -> None:
+    def __init__(self, lease: Lease) -> None:
         self.items: list[Item] = []
+        self.lease = lease
 
     def add(self, item: Item, after: Any = None) -> str | None:
         """Insert after item `after` (None: at the end, "root": first); returns the id of the item
-        before it (what `conversation.item.created` names)."""
+        before it (what `conversation.item.created` names). Past the total budget: a 429, not added."""
         if self.find(item.id) is not None:
             raise bad_request(f"an item with id {item.id!r} already exists", param="item.id", code="duplicate_id")
+        self.lease.resize(self.nbytes() + item.nbytes())
         if after is None:
             at = len(self.items)
         elif after == "root":
@@ -144,7 +151,19 @@ class Conversation:
     def delete(self, item_id: Any) -> Item:
         item = self.get(item_id)
         self.items.remove(item)
+        self.settle()
         return item
+
+    def nbytes(self) -> int:
+        return sum(item.nbytes() for item in self.items)
+
+    def settle(self) -> None:
+        """Account what the items hold now (answers and transcripts grow them after they were added)."""
+        self.lease.settle(self.nbytes())
+
+    def close(self) -> None:
+        self.items = []
+        self.lease.close()
 
     def audio_seconds(self) -> float:
         return sum(len(p.pcm) for i in self.items for p in i.parts if p.pcm is not None) / VAD_RATE

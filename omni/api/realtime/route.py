@@ -5,20 +5,21 @@ client's `beta.realtime`) gets the beta event names (`response.audio.delta`...),
 `realtime` client, browsers) the GA names (`response.output_audio.delta`...). Browsers cannot set
 headers: they may send the API key as the subprotocol `openai-insecure-api-key.<key>`, as with
 OpenAI. A dropped socket cancels its response in every stage and frees the session; at shutdown
-every socket is closed with 1001 (going away).
+every socket gets an `error` event (code `shutting_down`), then is closed with 1001 (going away).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 
 import msgspec
 from aiohttp import WSMsgType, web
 
+from omni.api.client_output import ClientOutput
 from omni.api.errors import ApiError
 from omni.api.params import check_model
+from omni.api.realtime.response import error_event
 from omni.api.realtime.session import RealtimeSession
 from omni.api.state import STATE
 
@@ -26,8 +27,9 @@ log = logging.getLogger("omni.api")
 ROUTE = "/v1/realtime"
 KEY_PROTOCOL = "openai-insecure-api-key."
 MAX_EVENT_BYTES = 16 << 20  # OpenAI's limit on one client event is 15 MiB
+GOING_AWAY_S = 2.0  # at shutdown, for a socket's error event and close handshake
 MAX_SESSIONS = 256  # open sockets at once; more are refused with a 429 before the upgrade
-SOCKETS = web.AppKey("omni_realtime_sockets", weakref.WeakSet)
+SOCKETS = web.AppKey("omni_realtime_sockets", set)  # the open sockets' outboxes
 _GA_NAMES = {
     "response.text.delta": "response.output_text.delta",
     "response.text.done": "response.output_text.done",
@@ -50,26 +52,44 @@ def protocol_key(request: web.Request) -> str | None:
 
 
 class Outbox:
-    """Serialised sends of one socket, each event stamped with an id and named in its dialect;
-    after the socket closes, sends are dropped."""
+    """Serialised sends of one socket, each event stamped with an id and named in its dialect and
+    written under the slow-client rule (client_output.py: a client that does not read is cut off);
+    after the socket closes or is cut off, sends are dropped."""
 
-    def __init__(self, ws: web.WebSocketResponse, beta: bool) -> None:
-        self.ws, self.beta = ws, beta
+    def __init__(self, ws: web.WebSocketResponse, output: ClientOutput, beta: bool) -> None:
+        self.ws, self.output, self.beta = ws, output, beta
         self._lock = asyncio.Lock()
         self._count = 0
 
     async def send(self, event: dict) -> None:
-        if self.ws.closed:
+        if self.ws.closed or self.output.cut_reason is not None:
             return
         self._count += 1
         kind = event["type"]
         event = {"type": kind if self.beta else _GA_NAMES.get(kind, kind), "event_id": f"event_{self._count}",
                  **{k: v for k, v in event.items() if k != "type"}}
+        data = _encode(event).decode()
+        try:
+            await self.output.write(len(data), lambda: self._send(data))
+        except (ConnectionResetError, RuntimeError):  # cut off, or closing under us: the reader sees it too
+            pass
+
+    async def _send(self, data: str) -> None:
         async with self._lock:
-            try:
-                await self.ws.send_str(_encode(event).decode())
-            except (ConnectionResetError, RuntimeError):  # closing under us: the reader sees it too
-                pass
+            await self.ws.send_str(data)
+
+    async def going_away(self, err: ApiError) -> None:
+        """The server stops: an `error` event saying why, then close code 1001 (going away); a
+        client that takes neither within GOING_AWAY_S is cut off (the drain's time is bounded)."""
+        async def farewell() -> None:
+            await self.send(error_event(err))
+            await self.ws.close(code=1001, message=b"server shutting down")
+
+        try:
+            await asyncio.wait_for(farewell(), GOING_AWAY_S)
+        except asyncio.TimeoutError:
+            if self.output.transport is not None:
+                self.output.transport.abort()
 
 
 async def realtime(request: web.Request) -> web.WebSocketResponse:
@@ -86,9 +106,9 @@ async def realtime(request: web.Request) -> web.WebSocketResponse:
                        code="websocket_required")
     await ws.prepare(request)
     beta = "realtime=v1" in request.headers.get("OpenAI-Beta", "")
-    outbox = Outbox(ws, beta)
+    outbox = Outbox(ws, ClientOutput(request), beta)
     session = RealtimeSession(state, outbox.send, model, beta)
-    request.app[SOCKETS].add(ws)
+    request.app[SOCKETS].add(outbox)
     try:
         await session.start()
         async for msg in ws:
@@ -98,18 +118,19 @@ async def realtime(request: web.Request) -> web.WebSocketResponse:
                 await session.handle(msg.data)  # JSON in a binary frame reads the same
             elif msg.type == WSMsgType.ERROR:
                 break
-    finally:
+    finally:  # what needs no await first: a disconnect cancels this handler, maybe again in the await
+        request.app[SOCKETS].discard(outbox)
+        outbox.output.close()
         await asyncio.shield(session.close())
-        request.app[SOCKETS].discard(ws)
     return ws
 
 
 async def _close_sockets(app: web.Application) -> None:
-    for ws in list(app[SOCKETS]):
-        await ws.close(code=1001, message=b"server shutting down")
+    err = ApiError(503, "the server is shutting down; reconnect to another instance or later", code="shutting_down")
+    await asyncio.gather(*(outbox.going_away(err) for outbox in list(app[SOCKETS])), return_exceptions=True)
 
 
 def install(app: web.Application) -> None:
-    app[SOCKETS] = weakref.WeakSet()
+    app[SOCKETS] = set()
     app.router.add_get(ROUTE, realtime)
     app.on_shutdown.append(_close_sockets)

@@ -48,8 +48,9 @@ class RealtimeSession:
         self.beta = beta
         self.id = new_id("sess")
         self.config = SessionConfig.default(state, model)
-        self.conversation = Conversation()
-        self.audio = InputAudio(int(state.config.limits.max_audio_seconds * VAD_RATE))
+        self.conversation = Conversation(state.budgets["conversation"].lease())
+        self.audio = InputAudio(int(state.config.limits.max_audio_seconds * VAD_RATE),
+                                state.budgets["realtime_audio"].lease())
         self.detector: SpeechDetector | None = None
         self.speech_item_id: str | None = None  # the id the turn being spoken will commit as
         self.response: Response | None = None
@@ -86,12 +87,15 @@ class RealtimeSession:
             await self.send(error_event(as_api_error(exc), event_id))
 
     async def close(self) -> None:
-        """The socket is gone: cancel the response in every stage, free the detector."""
+        """The socket is gone: cancel the response in every stage, free the detector, give the
+        buffer and the conversation back to the server's budgets."""
         await self._cancel(None)
         await self.transcripts.close()
         if self.detector is not None:
             await asyncio.get_running_loop().run_in_executor(_VAD_POOL, self.detector.close)
             self.detector = None
+        self.audio.close()
+        self.conversation.close()
 
     # ---- session and audio -----------------------------------------------------------------
 
@@ -265,6 +269,7 @@ class RealtimeSession:
         try:
             await response.run(self._messages, add_item)
         finally:
+            self.conversation.settle()  # the answer's text and the transcripts made meanwhile
             if self.response is response:
                 self.response, self.task = None, None
 
