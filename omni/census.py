@@ -83,13 +83,21 @@ def _tensors(objects: list) -> dict[str, Any] | None:
             "holders": _holders(objects, torch, [shape for shape, _ in shapes.most_common(3)])}
 
 
+def _shape_of(obj, torch) -> str | None:
+    """A tensor's "dtype[shape]@device"; None for anything else (a dead weak proxy included)."""
+    try:
+        return f"{obj.dtype}{list(obj.shape)}@{obj.device}" if isinstance(obj, torch.Tensor) else None
+    except ReferenceError:
+        return None
+
+
 def _holders(objects: list, torch, shapes: list[str]) -> dict[str, list[str]]:
     """Who holds a few tensors of the commonest shapes: each referrer, and what holds that one by
     name (an object's attribute, a dict's key), so that a cache that only grows names itself."""
     out: dict[str, list[str]] = {}
     skip = {id(objects)}
     for shape in shapes:
-        found = [o for o in objects if isinstance(o, torch.Tensor) and f"{o.dtype}{list(o.shape)}@{o.device}" == shape]
+        found = [o for o in objects if _shape_of(o, torch) == shape]
         skip.add(id(found))
         chains, sample = Counter(), found[:5]
         skip.add(id(sample))

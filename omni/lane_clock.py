@@ -55,3 +55,8 @@ class LaneClock:
         """Every lane's seconds up to now (the lane running now included) and the side counters."""
         self.enter(self._lane)
         return {**self.lanes, **self.side}
+
+    def merged(self, stats: dict) -> dict:
+        """A driver's `stats` with `time_s` holding its own parts (e.g. "gpu"), the compute thread's
+        `step` seconds and these lanes."""
+        return {**stats, "time_s": {**stats.get("time_s", {}), "step": stats["step_seconds"], **self.seconds()}}

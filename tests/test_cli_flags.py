@@ -91,8 +91,8 @@ def test_tiny_random_models_load_without_alarming_warnings(tmp_path, caplog):
             logging.getLogger("transformers.modeling_rope_utils").warning("Something else entirely")
     finally:
         logging.getLogger("transformers").removeHandler(keep)
-    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert warnings == ["Something else entirely"], warnings
+    warnings = {r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING}  # a record may come twice
+    assert warnings == {"Something else entirely"}, warnings
     if model.router_ties():  # said, but quietly
         assert any("router rows repeat" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
 

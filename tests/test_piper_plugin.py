@@ -204,13 +204,20 @@ def as_wav(pcm: np.ndarray, rate: int) -> bytes:
 
 def test_models_voices_and_refusals(piper):
     client = piper.client()
-    assert [m.id for m in client.models.list().data] == [MODEL, "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
+    models = {m.id: m for m in client.models.list().data}
+    assert list(models)[0] == MODEL and {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= set(models)
+    assert models["tts-1"].root == MODEL  # Piper speaks; the real Whisper beside it transcribes
+    assert models["whisper-1"].root != MODEL
+    resp = requests.post(piper.url + "/v1/audio/speech", timeout=30,  # OpenAI's voices map to Piper's own
+                         json={"model": MODEL, "voice": "alloy", "input": "Hello.", "response_format": "wav"})
+    assert resp.status_code == 200 and resp.content[:4] == b"RIFF"
     resp = requests.post(piper.url + "/v1/audio/speech", timeout=30,
-                         json={"model": MODEL, "voice": "alloy", "input": "Hello."})
-    assert resp.status_code == 400 and "joe" in resp.json()["error"]["message"]
+                         json={"model": MODEL, "voice": "no-such-voice", "input": "Hello."})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "unknown_voice"
+    assert "joe" in resp.json()["error"]["message"]
     resp = requests.post(piper.url + "/v1/chat/completions", timeout=30,
                          json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
-    assert resp.status_code == 400 and "only speaks" in resp.json()["error"]["message"]
+    assert resp.status_code == 400 and "does not chat" in resp.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("stream_format", ["audio", "sse"])

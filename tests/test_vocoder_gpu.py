@@ -150,7 +150,7 @@ def test_tensor_codes_stay_tensors_and_bad_rows_fail_alone(model):
 def test_max_batch_defaults_by_device(model):
     assert _stage(model).max_batch == CPU_MAX_BATCH
     gpu_codec = SimpleNamespace(device="cuda:0", sample_rate=24000, num_groups=4, codebook_size=8)
-    assert _stage(gpu_codec).max_batch == GPU_MAX_BATCH == 32
+    assert _stage(gpu_codec).max_batch == GPU_MAX_BATCH == 128
     assert _stage(gpu_codec, max_batch=3).max_batch == 3
 
 

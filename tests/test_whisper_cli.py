@@ -32,7 +32,7 @@ def test_embedded_default_serves_the_packaged_whisper(tmp_path, monkeypatch):
     assert [s.name for s in graph.stages] == ["encoder", "decoder"]
     again = embedded_extra_models(args)[0][1]  # converted once, then reused from the cache dir
     assert again.id == info.id
-    from omni.stages.demo import build_demo
+    from omni.models.demo.graph import build_demo
 
     chosen = build_parser().parse_args(["serve", "--model", "demo"])  # a model that cannot transcribe: still beside
     assert [i.id for _, i in embedded_extra_models(chosen, build_demo()[1])] == [info.id]

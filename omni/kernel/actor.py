@@ -27,7 +27,7 @@ from omni.kernel.routing import inputs_expected, replica_of
 from omni.kernel.rundir import KERNEL, actor_name, endpoint, shm_owner
 from omni.kernel.stage import Emit
 from omni.lane_clock import LaneClock
-from omni.transport.arrays import is_array, rows_of
+from omni.transport.arrays import is_array, rows_of, split_rows
 
 log = logging.getLogger("omni.actor")
 
@@ -121,9 +121,7 @@ class Actor:
                 data, tokens = self.readers.read(msg, frames)
                 edge = self.graph.edges[msg.edge]
                 producer = replica_of(self.graph, edge.src, msg.rid)
-                rows = msg.rows or [msg.rid]
-                for i, rid in enumerate(rows):  # a batch: a chunk per row, the slots' credit with the last
-                    part, last = rows_of(data, slice(i, i + 1)) if msg.rows else data, i + 1 == len(rows)
+                for rid, part, last in split_rows(msg.rid, msg.rows, data):  # the slots' credit with the last
                     self.driver.post(Chunk(rid, edge.dst_port, part, msg.edge, producer if last else "",
                                            tokens if last else []))
             case m.RequestEnd():
@@ -323,6 +321,4 @@ class Actor:
     def stats(self) -> dict[str, Any]:
         """`time_s`: the loop's lanes (they add up to the wall time), the compute thread's `step` seconds and
         the stage's own parts (e.g. "gpu")."""
-        stats = self.driver.stats()
-        time_s = {**stats.get("time_s", {}), "step": stats["step_seconds"], **self.lanes.seconds()}
-        return {**stats, "time_s": time_s, "dropped_messages": self.mailbox.dropped, "time": time.time()}
+        return {**self.lanes.merged(self.driver.stats()), "dropped_messages": self.mailbox.dropped, "time": time.time()}

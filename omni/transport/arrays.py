@@ -50,3 +50,12 @@ def is_array(value: Any) -> bool:
 def rows_of(data: dict[str, Any], rows: list[int] | slice) -> dict[str, Any]:
     """Those rows of a batched chunk's arrays (its other values as they are)."""
     return {k: v[rows] if is_array(v) else v for k, v in data.items()}
+
+
+def split_rows(rid: str, rows: list[str], data: dict[str, Any]):
+    """(rid, chunk, is_last) for each row of a batched chunk (`rows`: its requests), or the one chunk
+    of `rid` when `rows` is empty."""
+    if not rows:
+        yield rid, data, True
+    for i, row in enumerate(rows):
+        yield row, rows_of(data, slice(i, i + 1)), i + 1 == len(rows)
