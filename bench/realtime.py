@@ -307,7 +307,9 @@ async def sweep(wl: Workload, levels: list[int], cold: list[int], turns_at: dict
         say(f"  turns ok {row['turns_ok']}/{row['turns_total']} in {row['wall_s']}s; end of speech -> audio p50 "
             f"turn 1 {(t1.get('eos_to_audio_ms') or {}).get('p50')} ms, turn {tl.get('turn')} "
             f"{(tl.get('eos_to_audio_ms') or {}).get('p50')} ms; speech_stopped -> audio p50 "
-            f"{(row['all_turns'].get('stopped_to_audio_ms') or {}).get('p50')} ms; prefix cache "
+            f"{(row['all_turns'].get('stopped_to_audio_ms') or {}).get('p50')} ms; commit -> audio p50/p90 "
+            f"{(row['all_turns'].get('committed_to_audio_ms') or {}).get('p50')}/"
+            f"{(row['all_turns'].get('committed_to_audio_ms') or {}).get('p90')} ms; prefix cache "
             f"{ {k: v['hit_rate'] for k, v in row['prefix_cache'].items()} }")
         out.append(row)
         on_level(out)

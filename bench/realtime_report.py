@@ -145,6 +145,12 @@ def markdown(report: dict[str, Any]) -> str:
     for lv in report["levels"]:
         cells = [_p(t["eos_to_audio_ms"]) for t in lv["per_turn"]] + ["–"] * (turns - len(lv["per_turn"]))
         lines.append(f"| {lv['phase']} | {lv['sessions']} | " + " | ".join(cells) + " |")
+    lines += ["", "Commit -> first audio p50/p90 (ms) at each turn (the server's own part: no VAD wait):", "",
+              "| phase | sessions | " + " | ".join(f"turn {t}" for t in range(1, turns + 1)) + " |",
+              "|" + "---|" * (turns + 2)]
+    for lv in report["levels"]:
+        cells = [_pp(t["committed_to_audio_ms"]) for t in lv["per_turn"]] + ["–"] * (turns - len(lv["per_turn"]))
+        lines.append(f"| {lv['phase']} | {lv['sessions']} | " + " | ".join(cells) + " |")
     errors = {e: n for lv in report["levels"] for e, n in lv["errors"].items()}
     lines += ["", "Targets (warm levels):", "", *(targets(report) or ["- no warm level measured"])]
     if errors:

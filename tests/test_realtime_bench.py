@@ -60,3 +60,5 @@ def test_three_spoken_turns_reported_and_a_later_turn_hits_the_prefix_cache(benc
     assert whole["queried_tokens"] == sum(r["input_tokens"] for r in rows) and whole["hit_rate"] > 0
     text = md.read_text()
     assert "the server's default, what users get" in text and "| warm | 1 | 3/3 |" in text
+    commit_row = text.split("Commit -> first audio p50/p90")[1].split("| warm | 1 | ")[1].split("\n")[0]
+    assert commit_row.count("/") == 3 and "–" not in commit_row  # p50/p90 at each of the 3 turns

@@ -135,6 +135,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queued-output-mb", type=float, default=8.0,
                         help="output one connection (HTTP stream or WebSocket) may leave unread before it is cut off")
     parser.add_argument("--max-audio-seconds", type=float, default=600.0, help="longest input audio")
+    parser.add_argument("--max-realtime-sessions", type=int, default=256,
+                        help="Realtime sessions open at once; a session past it is refused (error event "
+                             "`overloaded`, close code 1013) rather than slowing the others")
     parser.add_argument("--image-host", action="append", default=[], help="allow image_url from this host")
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish requests on stop")
     parser.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
@@ -269,6 +272,7 @@ def server_config(args: argparse.Namespace):
                         request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,
                         budgets=memory_budgets(args.memory_budgets),
                         max_queued_output_bytes=int(args.max_queued_output_mb * (1 << 20)),
+                        max_realtime_sessions=args.max_realtime_sessions,
                         model_aliases=args.served_model_name[1:],
                         voice_dir=str(cache_dir() / "voices"), voice_cache_bytes=int(args.voice_cache_mb * (1 << 20)),
                         allowed_origins=allowed_origins(args.allowed_origins))

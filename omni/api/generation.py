@@ -27,6 +27,7 @@ class TextPiece:
     language: str | None = None  # a transcriber's (detected) language
     logprobs: list[dict] | None = None  # OpenAI's logprobs.content entries of these tokens, when asked
     words: list[dict] | None = None  # a transcriber's timed words, when asked for
+    token_ids: list[int] | None = None  # the ids generated (the stop token included): what the model saw
 
 
 @dataclass
@@ -161,7 +162,7 @@ class KernelRequest:
                 if text or tokens:
                     self.timer.on_text()
                     yield TextPiece(text, tokens, data.get("segments"), data.get("language"), data.get("logprobs"),
-                                    data.get("words"))
+                                    data.get("words"), data.get("token_ids"))
                 if self.stop.stopped:
                     await self.stream.cancel()
                     self.finished = True

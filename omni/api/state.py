@@ -36,6 +36,7 @@ class ServerConfig:
     budgets: dict[str, int] = field(default_factory=default_limits)  # total bytes per resource (budgets.py)
     public_metrics: bool = False  # with api_key: /metrics stays open (it names stage PIDs and traffic)
     max_concurrent: int | None = None  # POSTs admitted at once (429 beyond); None: the kernel's max_inflight
+    max_realtime_sessions: int = 256  # Realtime sockets open at once; more get an `overloaded` error event
     probe_timeout_s: float = 1.0
     model_aliases: list[str] = field(default_factory=list)  # extra names clients may use for the model
     allowed_origins: list[str] = field(default_factory=list)  # CORS: origins browsers may call from ("*": any)

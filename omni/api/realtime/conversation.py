@@ -34,6 +34,7 @@ class Part:
     pcm: np.ndarray | None = None  # user audio, 16 kHz float32
     transcribed: bool = False  # an input_audio whose transcript is known
     audio_ms: int = 0  # assistant audio sent so far
+    token_ids: list[int] | None = None  # an answer's ids as generated: the next prompt reuses them (prefix cache)
 
     def render(self, beta: bool) -> dict:
         if self.kind == "input_text":
@@ -57,7 +58,8 @@ class Item:
                 "role": self.role, "content": [p.render(beta) for p in self.parts]}
 
     def nbytes(self) -> int:
-        return sum((p.pcm.nbytes if p.pcm is not None else 0) + len(p.text.encode()) for p in self.parts)
+        return sum((p.pcm.nbytes if p.pcm is not None else 0) + len(p.text.encode()) + 8 * len(p.token_ids or ())
+                   for p in self.parts)
 
     def untranscribed(self) -> list[Part]:
         return [p for p in self.parts if p.kind == "input_audio" and not p.transcribed]
@@ -117,6 +119,14 @@ def _b64(data: str, param: str) -> bytes:
         return base64.b64decode(data, validate=True)
     except ValueError as exc:
         raise bad_request(f"{param} is not valid base64: {exc}", param=param, code="invalid_base64") from None
+
+
+def generated(item: Item) -> dict:
+    """An answer's `token_ids` when every part of it still is what the model generated."""
+    ids = [p.token_ids for p in item.parts]
+    if item.role != "assistant" or any(i is None for i in ids):
+        return {}
+    return {"token_ids": [t for part in ids for t in part]}
 
 
 class Conversation:
@@ -181,7 +191,8 @@ class Conversation:
             if not parts:
                 continue  # e.g. an answer truncated before any of it was heard
             if item.role != "user" or all(p["type"] == "text" for p in parts):
-                out.append({"role": item.role, "content": "".join(p["text"] for p in parts if p["type"] == "text")})
+                out.append({"role": item.role, "content": "".join(p["text"] for p in parts if p["type"] == "text"),
+                            **generated(item)})
             else:
                 out.append({"role": item.role, "content": parts})
         return out

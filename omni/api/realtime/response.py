@@ -140,9 +140,11 @@ class Response:
                             audio=self.speaks)
         encoder: StreamEncoder | None = None
         text_kind = "response.audio_transcript.delta" if self.speaks else "response.text.delta"
+        ids: list[int] = []
         async with gen:
             async for piece in gen.pieces():
                 if isinstance(piece, TextPiece):
+                    ids.extend(piece.token_ids or ())
                     if piece.text:
                         part.text += piece.text
                         await self.send({"type": text_kind, **refs, "delta": piece.text})
@@ -151,6 +153,7 @@ class Response:
                     await self._audio(encoder.feed(piece.pcm), part, refs)
                 elif isinstance(piece, Finish):
                     self.status = "incomplete" if piece.reason == "length" else "completed"
+                    part.token_ids = ids if ids else None  # only a whole answer's ids stand for its text
                     self.usage = {"total_tokens": piece.prompt_tokens + piece.completion_tokens,
                                   "input_tokens": piece.prompt_tokens, "output_tokens": piece.completion_tokens}
             if encoder is not None:

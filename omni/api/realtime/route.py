@@ -6,6 +6,8 @@ client's `beta.realtime`) gets the beta event names (`response.audio.delta`...),
 headers: they may send the API key as the subprotocol `openai-insecure-api-key.<key>`, as with
 OpenAI. A dropped socket cancels its response in every stage and frees the session; at shutdown
 every socket gets an `error` event (code `shutting_down`), then is closed with 1001 (going away).
+Past `--max-realtime-sessions` open sockets, a new one gets one `error` event (429 `overloaded`) and
+close code 1013 (try again later): the open sessions keep their pace.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ ROUTE = "/v1/realtime"
 KEY_PROTOCOL = "openai-insecure-api-key."
 MAX_EVENT_BYTES = 16 << 20  # OpenAI's limit on one client event is 15 MiB
 GOING_AWAY_S = 2.0  # at shutdown, for a socket's error event and close handshake
-MAX_SESSIONS = 256  # open sockets at once; more are refused with a 429 before the upgrade
+TRY_AGAIN_LATER = 1013  # the WebSocket close code of a server at capacity (RFC 6455 registry)
 SOCKETS = web.AppKey("omni_realtime_sockets", set)  # the open sockets' outboxes
 _GA_NAMES = {
     "response.text.delta": "response.output_text.delta",
@@ -98,8 +100,6 @@ async def realtime(request: web.Request) -> web.WebSocketResponse:
         raise ApiError(503, "server is shutting down; not accepting new sessions", code="shutting_down")
     model = request.query.get("model") or state.info.id
     check_model(state, model, chat=True)
-    if len(request.app[SOCKETS]) >= MAX_SESSIONS:
-        raise ApiError(429, f"{MAX_SESSIONS} realtime sessions are open; retry later", code="overloaded")
     ws = web.WebSocketResponse(protocols=("realtime",), max_msg_size=MAX_EVENT_BYTES, heartbeat=30.0)
     if not ws.can_prepare(request).ok:
         raise ApiError(400, "this is a WebSocket endpoint: connect with an Upgrade: websocket request",
@@ -107,6 +107,9 @@ async def realtime(request: web.Request) -> web.WebSocketResponse:
     await ws.prepare(request)
     beta = "realtime=v1" in request.headers.get("OpenAI-Beta", "")
     outbox = Outbox(ws, ClientOutput(request), beta)
+    if len(request.app[SOCKETS]) >= state.config.max_realtime_sessions:  # no await from here to add: no race
+        await refuse_full(outbox, state.config.max_realtime_sessions)
+        return ws
     session = RealtimeSession(state, outbox.send, model, beta)
     request.app[SOCKETS].add(outbox)
     try:
@@ -123,6 +126,21 @@ async def realtime(request: web.Request) -> web.WebSocketResponse:
         outbox.output.close()
         await asyncio.shield(session.close())
     return ws
+
+
+async def refuse_full(outbox: Outbox, capacity: int) -> None:
+    """Past capacity a new session is refused, the open ones keep their pace: the refusal is the
+    socket's first event (a client library shows an event; an HTTP 429 before the upgrade reads as
+    a failed handshake), then close code 1013 (try again later)."""
+    err = ApiError(429, f"the server is at its capacity of {capacity} Realtime sessions; retry later or "
+                   "connect to another instance", code="overloaded")
+    try:
+        await asyncio.wait_for(outbox.send(error_event(err)), GOING_AWAY_S)
+        await outbox.ws.close(code=TRY_AGAIN_LATER, message=b"at capacity")
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        outbox.output.close()
 
 
 async def _close_sockets(app: web.Application) -> None:

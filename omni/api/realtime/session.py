@@ -230,7 +230,7 @@ class RealtimeSession:
         if end > part.audio_ms:
             raise bad_request(f"audio_end_ms {end} is past the {part.audio_ms} ms of audio sent",
                               param="audio_end_ms", code="invalid_value")
-        part.audio_ms, part.text = end, ""
+        part.audio_ms, part.text, part.token_ids = end, "", None
         await self.send({"type": "conversation.item.truncated", "item_id": item.id, "content_index": index,
                          "audio_end_ms": end})
 

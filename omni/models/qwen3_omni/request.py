@@ -124,7 +124,13 @@ def _message(message: Any, index: int) -> dict[str, Any]:
         raise InvalidRequest(f"messages[{index}] needs a role")
     content = message.get("content")
     if content is None or isinstance(content, str):
-        return {"role": message["role"], "content": content or ""}
+        out = {"role": message["role"], "content": content or ""}
+        ids = message.get("token_ids")  # an earlier answer as generated (prompt_splice.py)
+        if ids is not None and message["role"] == "assistant":
+            if not isinstance(ids, list) or not all(isinstance(t, int) and t >= 0 for t in ids):
+                raise InvalidRequest(f"messages[{index}].token_ids must be a list of token ids")
+            out["token_ids"] = ids
+        return out
     if not isinstance(content, list):
         raise InvalidRequest(f"messages[{index}].content must be a string or a list of parts")
     items = []

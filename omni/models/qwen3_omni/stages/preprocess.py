@@ -19,6 +19,7 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest
 from omni.models.chat_template import content_format, render_messages
+from omni.models.prompt_splice import splice, with_sentinels
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.modules.image_patches import ImagePatchConfig, ImagePatches, image_to_patches
 
@@ -71,6 +72,7 @@ class Preprocessor:
         self.tokenizer = AutoTokenizer.from_pretrained(str(ckpt_dir))
         self.content_format = content_format(self.tokenizer.chat_template or "")
         self.placeholders = _placeholders(self.tokenizer)
+        self.special_ids = set(self.tokenizer.all_special_ids)
         extra = _read_preprocessor_config(ckpt_dir)
         self.n_window = cfg.thinker.audio.n_window
         self.audio_token_id = cfg.thinker.audio_token_id
@@ -92,11 +94,12 @@ class Preprocessor:
         )
 
     def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> ThinkerInputs:
+        messages, answers = with_sentinels(messages)  # earlier answers keep the ids generated
         template_messages, audios, images = self._split_media(messages)
         template_messages = render_messages(template_messages, self.content_format, self.placeholders)
         text = self.tokenizer.apply_chat_template(
             template_messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = splice(text, answers, self._tokenize, self.special_ids)
         features = self.audio_features(audios)
         patches = [image_to_patches(im, self.image_cfg) for im in images]
         out = ThinkerInputs(np.zeros(0, dtype=np.int64), features, patches)
@@ -104,6 +107,9 @@ class Preprocessor:
         out.image_token_counts = [p.num_tokens(self.image_cfg.merge_size) for p in patches]
         out.input_ids = self._expand(ids, out)
         return out
+
+    def _tokenize(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
     def raw(self, text: str) -> ThinkerInputs:
         """A text completion's prompt as it is: tokenized without the chat template, no media."""
