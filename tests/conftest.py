@@ -10,6 +10,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
+import omni.models.registry  # noqa: F401  omni's families' stage kinds, as omnid has them (tests build their graphs)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; never run in CI")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from omni.api import cli
-from omni.kernel import registry as registry_module
-from omni.kernel.registry import Registry
+from omni.models import registry as registry_module
+from omni.models.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERIC = ("omni/kernel", "omni/stages", "omni/api")
@@ -98,7 +98,7 @@ def test_the_playground_names_no_family():
 def test_omni_families_register_without_torch():
     """Discovery imports each family's __init__ only: the registry loads with torch and numpy absent."""
     code = ("import json, sys; sys.modules['torch'] = None; sys.modules['numpy'] = None\n"
-            "from omni.kernel.registry import REGISTRY as R\n"
+            "from omni.models.registry import REGISTRY as R\n"
             "print(json.dumps([sorted(R.families), sorted(R.tiny_writers), sorted(R.commands), R.family_errors,\n"
             "                  [(d.family, d.beside) for d in R.defaults], sorted(R.stage_kinds)]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -16,9 +16,9 @@ from omni.kernel.graph import EdgeSpec
 from omni.stages.demo import demo_graph
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "omni" / "kernel"
-# #15: the kernel in one sitting, under 1,500 lines of code, counted as cloc counts them (blank
+# #15, #27: the kernel in one sitting, under 1,420 lines of code, counted as cloc counts them (blank
 # lines, comments and docstrings apart); its physical lines are held where they are too.
-CODE_LINE_BUDGET = 1500
+CODE_LINE_BUDGET = 1420
 PHYSICAL_LINE_BUDGET = 2150
 
 
@@ -27,6 +27,16 @@ def test_kernel_imports_neither_torch_nor_aiohttp():
     assert "omni.kernel.kernel" in modules and "omni.kernel.proc" in modules
     code = (f"import importlib, sys\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
             "print(sorted({'torch', 'aiohttp'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_kernel_imports_no_family_stage_or_api_module():
+    """The kernel depends on nothing above it: the families fill its stage-kind table from above."""
+    modules = sorted(f"omni.kernel.{p.stem}" for p in KERNEL_DIR.glob("*.py") if p.stem != "__init__")
+    code = (f"import importlib, sys\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
+            "print(sorted(n for n in sys.modules if n.split('.')[:2] in (['omni', 'models'], ['omni', 'stages'],"
+            " ['omni', 'api'])))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 

@@ -20,7 +20,7 @@ import pytest
 
 from omni.api import cli
 from omni.api.cli import CliError, select_model
-from omni.kernel.registry import Registry
+from omni.models.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "plugins" / "omni-example"

@@ -230,7 +230,7 @@ def test_readme_python_and_toml_blocks():
     assert python and toml
     for source in python:
         if "def register(registry)" in source:  # the plugin's register function: registers into a registry
-            from omni.kernel.registry import Registry
+            from omni.models.registry import Registry
 
             scope: dict = {}
             exec(compile(source, "README.md", "exec"), scope)

@@ -15,7 +15,7 @@ from omni.api.cli import CliError, build_parser, load_model
 from omni.kernel.errors import GraphError
 from omni.config import apply_overrides, load_override_file, parse_set_flags
 from omni.kernel.graph import Graph, StageSpec, stage_args
-from omni.kernel.registry import REGISTRY
+from omni.models.registry import REGISTRY
 from omni.kernel.stage import StageContext
 from omni.layers import fused_ops, moe_routed
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny

@@ -10,7 +10,7 @@
     omnid --version
 
 Nothing here names a family: each registers its make-tiny writer, commands and embedded default
-(`omni.kernel.registry`).
+(`omni.models.registry`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def cache_dir() -> Path:
 def embedded_default_model() -> tuple[str | None, str | None]:
     """(model_dir, family) served when no --model is given: the model of the family registered as
     the default (made once into the cache dir). `--model demo` serves the weightless demo instead."""
-    from omni.kernel.registry import REGISTRY, resolve
+    from omni.models.registry import REGISTRY, resolve
 
     entry = REGISTRY.default_model()
     if entry is None:
@@ -65,7 +65,7 @@ class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     from omni import __version__
-    from omni.kernel.registry import REGISTRY
+    from omni.models.registry import REGISTRY
 
     parser = argparse.ArgumentParser(prog="omnid", description="omni's OpenAI-compatible server")
     parser.add_argument("--version", action="version", version=f"omnid {__version__}")
@@ -183,7 +183,7 @@ def select_model(args: argparse.Namespace, families) -> tuple[str | None, str | 
 def load_model(args: argparse.Namespace):
     """(graph, info) for --model DIR (or the embedded default), with --config / --set applied."""
     from omni.config import apply_overrides, load_override_file, parse_set_flags
-    from omni.kernel.registry import REGISTRY, resolve
+    from omni.models.registry import REGISTRY, resolve
 
     for report in REGISTRY.load_plugins():
         if not report.ok:
@@ -390,7 +390,7 @@ def _run(coro) -> None:
 def make_tiny(argv: list[str]) -> int:
     """`make-tiny [FAMILY] DIR [flags]`: FAMILY is the first word when it names a family (or another
     word follows it); without one, the default model's family. The family's writer parses the rest."""
-    from omni.kernel.registry import REGISTRY
+    from omni.models.registry import REGISTRY
 
     writers = REGISTRY.tiny_writers
     default = REGISTRY.default_model()
@@ -428,7 +428,7 @@ def embedded_extra_models(args: argparse.Namespace, info=None) -> list[tuple]:
     each family registered `beside` (a real transcriber) whose model is available here, whenever the
     main model cannot transcribe truthfully itself (it does not transcribe, or its weights are
     random), so that `whisper-1` never names noise. `--no-side-models`: none."""
-    from omni.kernel.registry import REGISTRY, resolve
+    from omni.models.registry import REGISTRY, resolve
 
     if getattr(args, "no_side_models", False) or (info is not None and info.transcribes and not info.random_weights):
         return []
@@ -462,7 +462,7 @@ class _Kernels:
 
 
 def list_plugins(args: argparse.Namespace) -> None:
-    from omni.kernel.registry import REGISTRY
+    from omni.models.registry import REGISTRY
 
     reports = REGISTRY.load_plugins()
     if not reports:
@@ -473,7 +473,7 @@ def list_plugins(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from omni.kernel.registry import REGISTRY
+    from omni.models.registry import REGISTRY
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("serve", "plugins"):  # (those two load them and report failures)

@@ -15,7 +15,7 @@ API_VERSION = 1
 
 
 def _families_architectures() -> set[str]:
-    from omni.kernel.registry import REGISTRY
+    from omni.models.registry import REGISTRY
 
     return {arch for entry in REGISTRY.families.values() for arch in entry.architectures}
 

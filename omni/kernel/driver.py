@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni.kernel.graph import Graph, stage_args
-from omni.kernel.registry import REGISTRY
+from omni.kernel.registry import STAGES
 from omni.kernel.stage import Emit, StageContext
 
 log = logging.getLogger("omni.driver")
@@ -65,7 +65,7 @@ class StageDriver:
         self.step_seconds = 0.0  # wall time inside stage.step(): where a pipeline's time goes
 
     def setup(self) -> None:
-        self.stage = REGISTRY.stage_class(self.spec.kind)(self.ctx)
+        self.stage = STAGES.stage_class(self.spec.kind)(self.ctx)
         self.stage.setup()
         self.last_stats = self._stats()
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni.kernel.errors import GraphError
+from omni.kernel.registry import STAGES
 
 OUT = "$out"  # the pseudo stage that stands for the client: edges into it are the request's outputs
 
@@ -130,8 +131,10 @@ class Graph:
 
 def stage_args(spec: StageSpec, replica: int = 0) -> Any:
     """What replica `replica` of a stage of `spec` gets as `ctx.args`: its kind's typed args, checked
-    (omni/stages/args.py), or the free-form dict of a kind that declares none."""
-    from omni.kernel.registry import REGISTRY
-    from omni.stages.args import resolve_args
-
-    return resolve_args(spec, REGISTRY.stage_args_class(spec.kind), replica)
+    (the registered class's `from_spec`, omni/stages/args.py), or the free-form dict of a kind that
+    declares none."""
+    if (cls := STAGES.stage_args_class(spec.kind)) is not None:
+        return cls.from_spec(spec, replica)
+    if "max_batch" in spec.args:
+        raise GraphError(f"stage {spec.name!r}: max_batch is a stage field: set {spec.name}.max_batch, not args")
+    return dict(spec.args) if spec.max_batch is None else {**spec.args, "max_batch": spec.max_batch}

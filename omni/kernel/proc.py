@@ -25,8 +25,10 @@ async def _serve(config: dict[str, Any]) -> None:
     from omni.kernel.actor import Actor
     from omni.kernel.channels import release_leftovers
     from omni.kernel.graph import Graph
+    from omni.kernel.registry import STAGES
     from omni.kernel.rundir import KERNEL, remove_socket, shm_owner
 
+    STAGES.add(config["stage_kinds"])  # what omnid's registry knows of this graph's kinds
     graph = Graph.from_dict(config["graph"])
     stage, replica, run_dir = config["stage"], config["replica"], config["run_dir"]
     actor = Actor(graph, stage, replica, run_dir, config["instance"])

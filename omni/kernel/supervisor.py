@@ -28,6 +28,7 @@ from omni.kernel.bus import Outbox
 from omni.kernel.channels import release_leftovers
 from omni.kernel.errors import StageStartError
 from omni.kernel.graph import Graph
+from omni.kernel.registry import STAGES
 from omni.kernel.rundir import actor_name, remove_socket, shm_owner
 
 log = logging.getLogger("omni.supervisor")
@@ -161,7 +162,8 @@ class Supervisor:
         if self.mode == "process":
             config = {"graph": self.graph.to_dict(), "stage": handle.stage, "replica": handle.replica,
                       "run_dir": self.run_dir, "instance": self.instance, "parent_pid": os.getpid(),
-                      "log_level": self.log_level, "env": self.env}
+                      "log_level": self.log_level, "env": self.env,
+                      "stage_kinds": STAGES.entries_for([s.kind for s in self.graph.stages])}
             # A fresh interpreter (spawn semantics, never fork): CUDA-safe, and the caller's
             # __main__ is never re-imported, so scripts and notebooks need no main guard.
             proc = subprocess.Popen([sys.executable, "-m", "omni.kernel.proc"], stdin=subprocess.PIPE, close_fds=True,

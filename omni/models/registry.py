@@ -1,10 +1,28 @@
-"""The model side of the registry (the kernel's holds stage kinds and families by name): what a
-family's graph builder tells the API about the model it serves, beside its Graph."""
+"""The model registry: the families, their CLI commands, tiny writers and default models, and
+what a family's graph builder tells the API about the model it serves (ModelInfo).
+
+Every family registers itself with one call, `register(registry)`: omni's own are the subpackages
+of `omni.models` (found by `discover`, each `__init__.py` defining `register`), plugins expose it as
+an `omni.plugins` entry point. Entries are `module:attr` strings, resolved only when used. The stage
+kinds a family registers go to the kernel's table (omni/kernel/registry.py), which asks this
+registry to load the plugins when a stage kind's name is not known yet.
+"""
 
 from __future__ import annotations
 
+import copy
+import importlib
+import logging
+import pkgutil
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
+
+from omni.kernel.registry import STAGES, StageKinds, resolve
+
+__all__ = ["CHARS_PER_TOKEN", "REGISTRY", "ModelInfo", "Registry", "resolve"]
+
+log = logging.getLogger("omni.registry")
 
 # A token covers at most this many characters of ordinary text, so a prompt of more than
 # max_context * CHARS_PER_TOKEN characters cannot fit: refused before it is tokenized.
@@ -24,3 +42,174 @@ class ModelInfo:
     extra: dict[str, Any] = field(default_factory=dict)
     max_context: int | None = None  # prompt tokens the model takes; longer prompts are refused up front
     sampling_stage: str | None = None  # the stage whose sampling a request's top-level fields set (None: none)
+
+
+@dataclass
+class FamilyEntry:
+    """`target`: "module:function", function(model_dir, variant, **options) -> (Graph, ModelInfo)."""
+    name: str
+    target: str
+    architectures: list[str] = field(default_factory=list)
+    provider: str = "omni"
+    tasks: list[str] = field(default_factory=list)  # what it serves: "chat", "speech", "transcribe"
+    voices: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        extras = [", ".join(self.tasks)] if self.tasks else []
+        extras += [f"voices {', '.join(self.voices)}"] if self.voices else []
+        return f"family:{self.name}" + (f" ({'; '.join(extras)})" if extras else "")
+
+
+@dataclass
+class CommandEntry:
+    """`omnid NAME ARGS...` runs `target(argv)` (argv: the args after NAME); it returns an exit code or None."""
+    name: str
+    target: str
+    help: str = ""
+    provider: str = "omni"
+
+
+@dataclass
+class DefaultEntry:
+    """A model `omnid serve` serves when no --model is given: `target(cache_dir) -> model dir | None`."""
+    family: str
+    target: str
+    beside: bool = False  # served next to the main default (when target finds one), not instead of it
+
+
+@dataclass
+class PluginReport:
+    name: str
+    ok: bool
+    provides: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+class Registry:
+    """What `register(registry)` fills. Its stage kinds live in `stages`, the kernel's table for
+    omni's REGISTRY (a fresh Registry, as tests make, has a table of its own)."""
+
+    _TABLES = ("stage_kinds", "stage_args", "families", "commands", "tiny_writers", "defaults")  # rolled back on error
+
+    def __init__(self, stages: StageKinds | None = None) -> None:
+        self.stages = StageKinds() if stages is None else stages
+        self.stages.on_unknown = self._load_plugins_once  # a stage process starts with omni's own only
+        self.families: dict[str, FamilyEntry] = {}
+        self.commands: dict[str, CommandEntry] = {}  # omnid subcommands families add
+        self.tiny_writers: dict[str, str] = {}  # family -> "module:main" of `omnid make-tiny FAMILY DIR [flags]`
+        self.defaults: list[DefaultEntry] = []  # the embedded default models (at most one not `beside`)
+        self.plugins: list[PluginReport] = []
+        self.family_errors: dict[str, str] = {}  # omni's own family package -> why its register failed
+        self.plugins_loaded = False
+        self._provider, self._provided = "omni", []  # who is registering now, and what it registered
+
+    @property
+    def stage_kinds(self) -> dict[str, str]:
+        return self.stages.stage_kinds
+
+    @stage_kinds.setter
+    def stage_kinds(self, table: dict[str, str]) -> None:
+        self.stages.stage_kinds = table
+
+    @property
+    def stage_args(self) -> dict[str, str]:
+        return self.stages.stage_args
+
+    @stage_args.setter
+    def stage_args(self, table: dict[str, str]) -> None:
+        self.stages.stage_args = table
+
+    def register_stage(self, kind: str, target: str, args: str | None = None) -> None:
+        """See StageKinds.register_stage."""
+        self.stages.register_stage(kind, target, args)
+        self._provided.append(f"stage:{kind}")
+
+    def register_family(self, name: str, target: str, architectures: list[str] | tuple[str, ...] = (), *,
+                        tasks: list[str] | tuple[str, ...] = (), voices: list[str] | tuple[str, ...] = ()) -> None:
+        entry = self.families[name] = FamilyEntry(name, target, list(architectures), self._provider, list(tasks),
+                                                  list(voices))
+        self._provided.append(entry.describe())
+
+    def register_command(self, name: str, target: str, help: str = "") -> None:
+        """`omnid NAME ...` calls `target(argv)`, e.g. a family's checkpoint converter."""
+        self.commands[name] = CommandEntry(name, target, help, self._provider)
+        self._provided.append(f"command:{name}")
+
+    def register_tiny(self, family: str, target: str) -> None:
+        """`omnid make-tiny FAMILY DIR [flags]` calls `target([DIR, flags...])`, which parses its own flags."""
+        self.tiny_writers[family] = target
+        self._provided.append(f"make-tiny:{family}")
+
+    def register_default(self, family: str, target: str, *, beside: bool = False) -> None:
+        """What `omnid serve` without --model serves: `target(cache_dir)` returns the family's model dir
+        (None: not available here). One main default; `beside` ones are served next to it."""
+        main = self.default_model()
+        if not beside and main is not None and main.family != family:
+            raise ValueError(f"family {main.family!r} is already the default model; {family!r} cannot be too")
+        self.defaults = [d for d in self.defaults if (d.family, d.beside) != (family, beside)]
+        self.defaults.append(DefaultEntry(family, target, beside))
+        self._provided.append(f"default:{family}" + (" (beside)" if beside else ""))
+
+    def default_model(self) -> DefaultEntry | None:
+        return next((d for d in self.defaults if not d.beside), None)
+
+    def stage_class(self, kind: str) -> Any:
+        return self.stages.stage_class(kind)
+
+    def stage_args_class(self, kind: str) -> type | None:
+        return self.stages.stage_args_class(kind)
+
+    def _load_plugins_once(self) -> None:
+        if not self.plugins_loaded:
+            self.load_plugins()
+
+    def family_for(self, architectures: list[str] | None = None, name: str | None = None) -> FamilyEntry:
+        if name:
+            if name in self.families:
+                return self.families[name]
+            raise ValueError(f"unknown model family {name!r}; known: {sorted(self.families)}")
+        for entry in self.families.values():
+            if set(entry.architectures) & set(architectures or ()):
+                return entry
+        raise ValueError(f"no model family serves architectures {architectures}; known: "
+                         f"{ {n: e.architectures for n, e in self.families.items()} }")
+
+    def discover(self, package: str = "omni.models") -> None:
+        """Register every subpackage of `package` that defines `register` (omni's own families).
+        A family that fails is logged and kept in `family_errors`, the others still load."""
+        for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            name = f"{package}.{info.name}"
+            if info.ispkg and (error := self._run_register("omni", lambda: getattr(importlib.import_module(name),
+                                                                                   "register", None))):
+                log.warning("model family %s failed to register: %s", name, error)
+                self.family_errors[name] = error
+
+    def load_plugins(self, group: str = "omni.plugins") -> list[PluginReport]:
+        """Run every installed plugin's entry point; a broken one is reported, never fatal."""
+        self.plugins, self.plugins_loaded = [], True
+        for ep in metadata.entry_points(group=group):
+            if error := self._run_register(ep.name, ep.load):
+                log.warning("plugin %s failed to load: %s", ep.name, error)
+            self.plugins.append(PluginReport(ep.name, not error, [] if error else list(self._provided), error))
+        self._provided = []
+        return self.plugins
+
+    def _run_register(self, provider: str, load) -> str:
+        """Call the `register` that `load()` returns (None: not a family, skipped); an error is
+        returned, never raised, and nothing of that family stays half-registered."""
+        self._provider, self._provided = provider, []
+        saved = {name: copy.copy(getattr(self, name)) for name in self._TABLES}
+        try:
+            if (register := load()) is not None:
+                register(self)
+        except Exception as exc:  # a family's bug must not stop the others
+            for name, table in saved.items():
+                setattr(self, name, table)
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            self._provider = "omni"
+        return ""
+
+
+REGISTRY = Registry(STAGES)
+REGISTRY.discover()  # omni's own families: omni/models/<family>/__init__.py

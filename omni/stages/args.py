@@ -50,7 +50,7 @@ def coerce_args(cls: type, args: Any, stage: str) -> Any:
 def resolve_args(spec: Any, cls: type | None, replica: int = 0) -> Any:
     """A StageSpec's args as its kind's `cls` (None: the free-form dict), with the stage-level fields
     the class takes (`STAGE_FIELDS`, default max_batch -> max_batch; an unset one leaves the kind's
-    default; `device` is the replica's own, `spec.device_of(replica)`). `omni.kernel.graph.stage_args`
+    default; `device` is the replica's own, `spec.device_of(replica)`). `StageArgs.from_spec`
     calls it with the registered class."""
     data = dict(spec.args)
     if "max_batch" in data:
@@ -83,6 +83,12 @@ class StageArgs:
     STAGE_FIELDS: ClassVar[dict[str, str]] = {"max_batch": "max_batch"}
 
     threads: int = 0  # torch intra-op threads of the stage process (see omni/stages/threads.py); 0 = torch's
+
+    @classmethod
+    def from_spec(cls, spec: Any, replica: int = 0) -> Any:
+        """What the kernel calls (omni.kernel.graph.stage_args): the args of replica `replica` of a
+        stage of `spec`, checked, so the kernel need not know this module."""
+        return resolve_args(spec, cls, replica)
 
     def __post_init__(self) -> None:
         self.check()

@@ -18,6 +18,7 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
+from omni.kernel.registry import STAGES
 from omni.kernel.stage import Emit, Stage
 
 DIM = 16
@@ -231,6 +232,13 @@ def synthesize(frames: np.ndarray, first_index: int) -> np.ndarray:
         freq = 110.0 + 10.0 * float(frame.sum() % 64)
         out.append(0.2 * np.sin(2 * np.pi * freq * (t + (first_index + i) * SAMPLES_PER_FRAME / SAMPLE_RATE)))
     return np.concatenate(out).astype(np.float32)
+
+
+# Registered here as well as by the demo family, so the kernel's tests and a library-mode user
+# (README) run the demo with the kernel alone, no model registry.
+KINDS = {"demo.encoder": "omni.stages.demo:ToyEncoder", "demo.generator": "omni.stages.demo:ToyGenerator",
+         "demo.vocoder": "omni.stages.demo:ToyVocoder"}
+STAGES.add({"kinds": KINDS})
 
 
 def demo_graph(**stage_args: dict[str, Any]) -> Graph:
