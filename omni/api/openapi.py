@@ -9,14 +9,16 @@ from functools import lru_cache
 
 import msgspec
 
-from omni.api.schemas import TRANSCRIPTION_FORMATS, ChatCompletionRequest, ErrorResponse, SpeechRequest
+from omni.api.schemas import (TRANSCRIPTION_FORMATS, ChatCompletionRequest, CompletionRequest, ErrorResponse,
+                              SpeechRequest)
 
 _REF = "#/components/schemas/{name}"
 
 
 @lru_cache(maxsize=1)
 def _components() -> dict:
-    (_, components) = msgspec.json.schema_components([ChatCompletionRequest, SpeechRequest, ErrorResponse],
+    (_, components) = msgspec.json.schema_components([ChatCompletionRequest, CompletionRequest, SpeechRequest,
+                                                      ErrorResponse],
                                                      ref_template=_REF)
     return components
 
@@ -67,7 +69,7 @@ def build_openapi(voices: list[str] | None = None, models: list[str] | None = No
     """The document for one server; `models` / `voices` narrow the schemas to what it serves."""
     components = copy.deepcopy(_components())
     if models:
-        for name in ("ChatCompletionRequest", "SpeechRequest"):
+        for name in ("ChatCompletionRequest", "CompletionRequest", "SpeechRequest"):
             components[name]["properties"]["model"] = {"type": "string", "enum": list(models)}
     components["SpeechRequest"]["properties"]["voice"]["description"] = (
         "the model's speaker, case-insensitive" + (f"; one of: {', '.join(voices)}" if voices else ""))
@@ -97,6 +99,14 @@ def build_openapi(voices: list[str] | None = None, models: list[str] | None = No
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": {"$ref": _REF.format(name="ChatCompletionRequest")}}}},
             "responses": {"200": chat_ok, **_errors(400, 401, 404, 413, 429, 503, 504)}}},
+        "/v1/completions": {"post": {
+            "operationId": "createCompletion",
+            "summary": "Continue a raw prompt (no chat template), text out",
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": _REF.format(name="CompletionRequest")}}}},
+            "responses": {"200": {**chat_ok, "description": "a text_completion, or with stream=true SSE events "
+                                                            "ending with [DONE]"},
+                          **_errors(400, 401, 404, 413, 429, 503, 504)}}},
         "/v1/audio/speech": {"post": {
             "operationId": "createSpeech",
             "summary": "Text to speech, streamed",
