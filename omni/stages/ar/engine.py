@@ -60,6 +60,8 @@ class StepOutput:
 
 class AREngine:
     def __init__(self, model: ARModel, config: EngineConfig) -> None:
+        if isinstance(model, torch.nn.Module):  # serving never trains: no autograd history anywhere (a tap
+            model.requires_grad_(False)  # buffer written from embeddings that required grad grew a chain forever)
         self.model = model
         self.config = config
         spec = model.kv_cache_spec()

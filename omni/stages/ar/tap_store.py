@@ -26,6 +26,7 @@ class TapStore:
         bs = self.block_size
         return [table[p // bs] * bs + p % bs for p in range(start, end)]
 
+    @torch.no_grad()  # the buffers outlive every step: they must never join an autograd graph
     def write(self, spans: list[SeqSpan], taps: dict[int, torch.Tensor]) -> None:
         """Keep the rows of `spans` (rows [row, row + n) of each tap) at their positions' slots."""
         slots: list[int] = []
@@ -44,6 +45,7 @@ class TapStore:
                 buf = self.rows[t] = torch.zeros(self.num_slots, x.shape[-1], dtype=x.dtype, device=dev)
             buf.index_copy_(0, slot_t, x.index_select(0, row_t).to(buf.dtype))
 
+    @torch.no_grad()
     def read(self, table: list[int], start: int, end: int, taps: tuple[int, ...]) -> dict[int, torch.Tensor]:
         """Rows of positions [start, end) of the sequence whose block table is `table`."""
         any_buf = next(iter(self.rows.values()))
