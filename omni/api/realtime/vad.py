@@ -4,8 +4,9 @@
 way OpenAI's `server_vad` reports them: speech starts on the first 32 ms window whose speech
 probability reaches `threshold` (reported `prefix_padding_ms` earlier, so the committed turn keeps
 its onset), and stops after `silence_duration_ms` of windows below `threshold - 0.15` (silero's own
-hysteresis), or after only `early_ms` when the speech clearly finished (turn_end.py's rule). It runs the model on the calling thread: the session calls it off the event loop.
-Models are stateful (an RNN), so each session borrows its own from a small pool.
+hysteresis), or after only `early_ms` when the speech clearly finished (turn_end.py's rule). It runs
+the model on the calling thread: the session calls it off the event loop. Models are stateful (an
+RNN), so each session borrows its own from a small pool.
 """
 
 from __future__ import annotations
