@@ -84,7 +84,11 @@ def detection_note(report: dict[str, Any]) -> str:
     cfg = report["config"]
     got = cfg.get("turn_detection") or {}
     what = (f"server_vad threshold {got.get('threshold')}, silence_duration_ms {got.get('silence_duration_ms')}, "
-            f"prefix_padding_ms {got.get('prefix_padding_ms')}") if got else "unknown (no session reported it)"
+            f"early_silence_ms {got.get('early_silence_ms')}, prefix_padding_ms {got.get('prefix_padding_ms')}")
+    if got.get("type") == "semantic_vad":
+        what = f"semantic_vad eagerness {got.get('eagerness')}"
+    if not got:
+        what = "unknown (no session reported it)"
     if cfg.get("turn_detection_sent") is None:
         return f"{what}: the server's default, what users get (the client sent no turn_detection)"
     return f"{what}: set by the client (`--silence-ms`), not the server's default"

@@ -28,6 +28,7 @@ pytest.importorskip("silero_vad")
 SHORT = {"thinker": {"max_tokens": 6}, "talker": {"max_tokens": 24}}
 LONG = {"thinker": {"max_tokens": 400, "ignore_eos": True}, "talker": {"max_tokens": 4000, "ignore_eos": True}}
 VAD = {"type": "server_vad", "threshold": 0.5, "silence_duration_ms": 400, "prefix_padding_ms": 200}
+SEMANTIC = {"type": "semantic_vad", "eagerness": "high"}
 CHUNK = 4800  # bytes of pcm16 per append: 100 ms at 24 kHz
 
 
@@ -151,10 +152,11 @@ def test_spoken_turn_detected_and_answered_with_audio_then_a_text_turn(server, s
     wait_idle(server)
 
 
-def test_barge_in_cancels_the_answer_in_every_stage_and_truncates_it(server, speech):
+@pytest.mark.parametrize("detect", [VAD, SEMANTIC], ids=["server_vad", "semantic_vad"])
+def test_barge_in_cancels_the_answer_in_every_stage_and_truncates_it(server, speech, detect):
     async def go():
         async with connect(server) as conn:
-            await setup(conn, turn_detection=VAD)
+            await setup(conn, turn_detection=detect)
             await say(conn, "tell me everything")
             await conn.response.create(response={"stage_sampling": LONG})
             first = await until(conn, "response.audio.delta")
@@ -224,7 +226,7 @@ def test_malformed_events_get_errors_and_the_session_stays_usable(server):
         "not json", "[1, 2]", '{"type": "no.such.event", "event_id": "e1"}',
         '{"type": "input_audio_buffer.append", "audio": "@@@"}',
         '{"type": "input_audio_buffer.commit"}',
-        '{"type": "session.update", "session": {"turn_detection": {"type": "semantic_vad"}}}',
+        '{"type": "session.update", "session": {"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}',
         '{"type": "session.update", "session": {"voice": "nobody"}}',
         '{"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}',
         '{"type": "conversation.item.create", "item": {"type": "message", "role": "robot", "content": []}}',
@@ -274,11 +276,13 @@ def test_malformed_events_get_errors_and_the_session_stays_usable(server):
     run(go())
 
 
-def test_semantic_vad_and_g711_are_refused_naming_the_field_and_what_is_served(server):
+def test_bad_turn_detection_and_g711_are_refused_naming_the_field_and_what_is_served(server):
     refused = [  # (session, param, words of the message)
-        ({"turn_detection": {"type": "semantic_vad"}}, "session.turn_detection.type", ("semantic_vad", "server_vad")),
-        ({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}},
-         "session.audio.input.turn_detection.type", ("semantic_vad", "server_vad")),
+        ({"turn_detection": {"type": "vad"}}, "session.turn_detection.type", ("vad", "server_vad", "semantic_vad")),
+        ({"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}, "session.turn_detection.eagerness",
+         ("eager", "low", "medium", "high", "auto")),
+        ({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "sometimes"}}}},
+         "session.audio.input.turn_detection.eagerness", ("sometimes", "auto")),
         ({"input_audio_format": "g711_ulaw"}, "session.input_audio_format", ("g711_ulaw", "pcm16")),
         ({"output_audio_format": "g711_alaw"}, "session.output_audio_format", ("g711_alaw", "pcm16")),
         ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, "session.audio.input.format",
@@ -306,6 +310,12 @@ def test_semantic_vad_and_g711_are_refused_naming_the_field_and_what_is_served(s
                 assert updated["audio"] == created["session"]["audio"]
                 assert updated["audio"]["input"]["turn_detection"]["type"] == "server_vad"
                 assert updated["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+                # semantic_vad is served, in OpenAI's shape
+                await ws.send_json({"type": "session.update", "session": {"audio": {"input": {
+                    "turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}}})
+                updated = (await ws.receive_json(timeout=10))["session"]
+                assert updated["audio"]["input"]["turn_detection"] == {
+                    "type": "semantic_vad", "eagerness": "low", "create_response": True, "interrupt_response": True}
 
     run(go())
 

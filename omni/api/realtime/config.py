@@ -16,6 +16,7 @@ import msgspec
 from omni.api.errors import ApiError, bad_request
 from omni.api.params import check_model, resolve_voice, stage_sampling
 from omni.api.schemas import StageSampling, decode_body
+from omni.api.realtime.turn_end import EAGERNESS, server_early_ms
 from omni.api.realtime.vad import VadSettings
 
 if TYPE_CHECKING:
@@ -28,15 +29,22 @@ _GA_FORMATS = ("audio/pcm",)
 
 @dataclass
 class TurnDetection:
-    vad: VadSettings = field(default_factory=VadSettings)
+    """`server_vad` (silero with the client's threshold and waits; omni's `early_silence_ms` extension
+    sets the early rule's window, by default turn_end.server_early_ms, 0 turns it off) or
+    `semantic_vad` (its `eagerness` picks the early window and the maximum wait: turn_end.EAGERNESS)."""
+
+    vad: VadSettings = field(default_factory=lambda: VadSettings(early_ms=server_early_ms(500)))
     create_response: bool = True
     interrupt_response: bool = True
+    eagerness: str | None = None  # set for semantic_vad
 
     def render(self) -> dict:
+        flags = {"create_response": self.create_response, "interrupt_response": self.interrupt_response}
+        if self.eagerness is not None:
+            return {"type": "semantic_vad", "eagerness": self.eagerness, **flags}
         return {"type": "server_vad", "threshold": self.vad.threshold,
                 "prefix_padding_ms": self.vad.prefix_padding_ms,
-                "silence_duration_ms": self.vad.silence_duration_ms,
-                "create_response": self.create_response, "interrupt_response": self.interrupt_response}
+                "silence_duration_ms": self.vad.silence_duration_ms, "early_silence_ms": self.vad.early_ms, **flags}
 
 
 @dataclass
@@ -174,19 +182,29 @@ def _turn_detection(value: Any, current: TurnDetection | None, param: str) -> Tu
         return None
     value = _obj(value, param)
     kind = value.get("type", "server_vad")
-    if kind != "server_vad":
-        raise bad_request(f"{param}.type {kind!r} is not served; use 'server_vad' or null", param=f"{param}.type",
-                          code="unsupported_turn_detection")
+    if kind not in ("server_vad", "semantic_vad"):
+        raise bad_request(f"{param}.type {kind!r} is not served; use 'server_vad', 'semantic_vad' or null",
+                          param=f"{param}.type", code="unsupported_turn_detection")
     base = current or TurnDetection()
+    flags = (_bool(value.get("create_response", base.create_response), f"{param}.create_response"),
+             _bool(value.get("interrupt_response", base.interrupt_response), f"{param}.interrupt_response"))
+    if kind == "semantic_vad":
+        eagerness = value.get("eagerness", base.eagerness or "auto")
+        if eagerness not in EAGERNESS:
+            raise bad_request(f"{param}.eagerness {eagerness!r} is not one of 'low', 'medium', 'high', 'auto'",
+                              param=f"{param}.eagerness", code="invalid_value")
+        early_ms, max_ms = EAGERNESS[eagerness]
+        return TurnDetection(VadSettings(silence_duration_ms=max_ms, early_ms=early_ms), *flags, eagerness=eagerness)
+    old = base.vad if base.eagerness is None else TurnDetection().vad  # from semantic_vad: server_vad's defaults
+    silence = int(_number(value.get("silence_duration_ms", old.silence_duration_ms), f"{param}.silence_duration_ms",
+                          0, 10_000))
+    early = value.get("early_silence_ms", server_early_ms(silence) if "silence_duration_ms" in value else old.early_ms)
     vad = VadSettings(
-        threshold=_number(value.get("threshold", base.vad.threshold), f"{param}.threshold", 0.0, 1.0),
-        prefix_padding_ms=int(_number(value.get("prefix_padding_ms", base.vad.prefix_padding_ms),
+        threshold=_number(value.get("threshold", old.threshold), f"{param}.threshold", 0.0, 1.0),
+        prefix_padding_ms=int(_number(value.get("prefix_padding_ms", old.prefix_padding_ms),
                                       f"{param}.prefix_padding_ms", 0, 10_000)),
-        silence_duration_ms=int(_number(value.get("silence_duration_ms", base.vad.silence_duration_ms),
-                                        f"{param}.silence_duration_ms", 0, 10_000)))
-    return TurnDetection(vad, _bool(value.get("create_response", base.create_response), f"{param}.create_response"),
-                         _bool(value.get("interrupt_response", base.interrupt_response),
-                               f"{param}.interrupt_response"))
+        silence_duration_ms=silence, early_ms=int(_number(early, f"{param}.early_silence_ms", 0, 10_000)))
+    return TurnDetection(vad, *flags)
 
 
 def _stage_sampling(state: ServerState, value: Any, param: str) -> dict[str, StageSampling] | None:
