@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     script = HERE / BENCHMARKS[name][0]
     sys.argv = [str(script), *argv[1:]]
+    sys.path.insert(0, str(HERE))  # as `python bench/x.py` has it: the script's folder first
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exc:  # the script's own exit status
