@@ -30,7 +30,6 @@ Run:  python bench/equal_work.py --out-dir OUT [--layers 8] [--engines omni,sgla
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import signal
 import sys
@@ -42,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from equal_work_support import agreement  # noqa: E402
-from serve_report import machine, now_iso, say  # noqa: E402
+from report import machine, md_table, now_iso, say, write  # noqa: E402
 from suite_support import gpu_name, read_json, run_phase  # noqa: E402
 
 PY = sys.executable
@@ -214,9 +213,7 @@ class EqualWork:
                                 "omni_warmup_s": (results["omni"] or {}).get("warmup_s"),
                                 "sglang_start_s": (results["sglang"] or {}).get("engine_start_s")},
                "token_agreement": agree, "phases": self.phases, "rows": rows}
-        (self.out / "equal_work.json").write_text(json.dumps(rep, indent=2) + "\n")
-        (self.out / "equal_work.md").write_text(markdown(rep))
-        return rep
+        return write(rep, self.out / "equal_work.json", self.out / "equal_work.md", markdown)
 
 
 COLUMNS = ["engine", "concurrency", "ok", "ttft_p50_ms", "tpot_p50_ms", "tpot_p90_ms", "e2e_p50_ms", "e2e_p90_ms",
@@ -239,8 +236,7 @@ def markdown(rep: dict) -> str:
            "once; both engines in-process (no HTTP).", "",
            "| phase | seconds | result |", "|---|---|---|"]
     out += [f"| {p['name']} | {p.get('seconds', '–')} | {p.get('status', '?')} |" for p in rep["phases"]]
-    out += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    out += ["| " + " | ".join("–" if r.get(c) is None else str(r.get(c)) for c in COLUMNS) + " |" for r in rep["rows"]]
+    out += ["", *md_table(COLUMNS, rep["rows"])]
     agree = rep.get("token_agreement")
     out += ["", f"Engine start: {rep['engine_start']}.",
             f"Token agreement omni vs SGLang (same weights, same prompts, greedy): {agree}." if agree else "",

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from equal_work_support import distinct_prompt, hits_per_step, stream_stats  # noqa: E402
-from serve_report import now_iso, say  # noqa: E402
+from report import now_iso, say  # noqa: E402
 
 
 class RouterTap:

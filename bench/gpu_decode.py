@@ -32,7 +32,7 @@ from omni.models.qwen3_omni.checkpoint.random_load import random_thinker  # noqa
 from omni.stages.ar.config import EngineConfig  # noqa: E402
 from omni.stages.ar.engine import AREngine  # noqa: E402
 from omni.stages.ar.sequence import SamplingParams  # noqa: E402
-from serve_report import machine, now_iso, say  # noqa: E402
+from report import machine, now_iso, say  # noqa: E402
 
 MODES = {"eager": {}, "graphs": {"cuda_graphs": True},
          "graphs+triton": {"cuda_graphs": True, "attention_backend": "triton"}}

@@ -31,7 +31,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import profile_trace  # noqa: E402
 from profile_roofline import roofline, markdown  # noqa: E402
-from serve_report import machine, now_iso, say  # noqa: E402
+from report import machine, now_iso, say  # noqa: E402
 
 STEP = "decode_step"
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import os
 import statistics
 import sys
@@ -38,7 +37,7 @@ from omni.kernel.kernel import Kernel  # noqa: E402
 from omni.models.qwen3_omni.graph import build  # noqa: E402
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny  # noqa: E402
 from qwen3_fixtures import Oracle, params, prompts  # noqa: E402
-from transport import machine  # noqa: E402
+from report import machine, write  # noqa: E402
 
 VOICES = ["ethan", "chelsie", "aiden"]
 
@@ -232,9 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["parity"] = check_parity(rows, refs)
     report["machine"] = {**machine(), "load_avg_1m_at_start": load_at_start,
                          "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    Path(args.md).write_text(markdown(report))
+    write(report, args.out, args.md, markdown)
     say(f"wrote {args.out} and {args.md}")
     return report
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from realtime_report import level_summary, markdown, prefix_cache  # noqa: E402
 from realtime_speech import RATE, load_utterances  # noqa: E402
-from serve_report import machine, now_iso, say  # noqa: E402
+from report import machine, now_iso, say  # noqa: E402
 
 BYTES_PER_S = 2 * RATE
 

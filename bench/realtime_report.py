@@ -4,11 +4,10 @@ markdown report (with the issue's targets checked)."""
 
 from __future__ import annotations
 
-import platform
 import re
 from typing import Any
 
-from serve_report import stats
+from serve_report import machine_line, stats
 
 LATENCIES = ("eos_to_audio_ms", "stopped_to_audio_ms", "committed_to_audio_ms", "eos_to_stopped_ms", "server_ttfa_ms")
 RATIO_OF = ("eos_to_audio_ms", "stopped_to_audio_ms")
@@ -117,7 +116,7 @@ def targets(report: dict[str, Any]) -> list[str]:
 
 def markdown(report: dict[str, Any]) -> str:
     m, cfg = report["machine"], report["config"]
-    where = f"{m.get('cpu_model') or platform.machine()}, {m['cpu_count']} CPUs"
+    where = machine_line(m)
     where += f", {m['gpu']}" if "gpu" in m else ""
     head = ("| phase | sessions | turns ok/planned | EoS->audio p50/p90 turn 1 | last turn | last/1 | "
             "stopped->audio p50/p90 turn 1 | last turn | last/1 | EoS->stopped p50 | all turns EoS->audio p50/p90 | "

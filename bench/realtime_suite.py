@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from gpu_suite import PY, Suite, build_parser as suite_parser  # noqa: E402
-from serve_report import now_iso  # noqa: E402
+from report import now_iso  # noqa: E402
 from suite_support import gpu_name  # noqa: E402
 
 

@@ -9,40 +9,12 @@ RTF = latency / audio seconds (seconds of work per second of speech; lower is be
 
 from __future__ import annotations
 
-import datetime
-import os
-import platform
-import sys
 from typing import Any
 
 import numpy as np
+from report import machine, machine_line, now_iso, say, write  # noqa: F401 (re-exported)
 
 PERCENTILES = (50, 90, 99)
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def machine() -> dict[str, Any]:
-    """Where the client ran (the server may be elsewhere: the report says so via `server`)."""
-    info: dict[str, Any] = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                            "python": platform.python_version()}
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu_model"] = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
-    except OSError:
-        pass
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        info["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name()
-    return info
-
-
-def now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def stats(values: list[float | None], scale: float = 1.0, digits: int = 2) -> dict[str, float] | None:
@@ -115,8 +87,7 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    m = report["machine"]
-    where = f"{m.get('cpu_model') or platform.machine()}, {m['cpu_count']} CPUs" + (f", {m['gpu']}" if "gpu" in m else "")
+    where = machine_line(report["machine"])
     cfg = report["config"]
     return "\n".join([
         f"## {report['label']}",
@@ -186,14 +157,7 @@ def _by_phase(reports: list[dict[str, Any]]):
 
 def write_report(report: dict[str, Any], out: str | None, md: str | None, plot_path: str | None) -> dict[str, Any]:
     """Write the JSON / markdown / PNG a run asked for, and print the markdown."""
-    import json
-    from pathlib import Path
-
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=2) + "\n")
-    if md:
-        Path(md).write_text(markdown(report))
+    write(report, out, md, markdown)
     if plot_path:
         plot([report], plot_path)
     print(markdown(report))

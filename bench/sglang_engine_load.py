@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from equal_work_support import distinct_prompt  # noqa: E402
 from serve import PROMPT_SETS, closed_loop, sweep_levels  # noqa: E402
-from serve_report import machine, now_iso, say  # noqa: E402
+from report import machine, now_iso, say  # noqa: E402
 
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:

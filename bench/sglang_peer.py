@@ -19,7 +19,6 @@ Progress goes to stderr; OUT gets <system>.json / .log, peer.json and peer.md.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from serve_report import machine, now_iso, say  # noqa: E402
+from report import machine, md_table, now_iso, say, write  # noqa: E402
 from suite_support import child_env, free_port, gpu_name, health_ok, kill_group, last_line, read_json  # noqa: E402
 
 PY = sys.executable
@@ -173,10 +172,8 @@ class Peer:
         old = read_json(self.out / "peer.json")
         if old:  # keep the phases (server commands) of earlier invocations
             report["phases"] = [p for p in old.get("phases", []) if p.get("system") not in systems] + self.phases
-        (self.out / "peer.json").write_text(json.dumps(report, indent=2) + "\n")
-        md = markdown(rows)
-        (self.out / "peer.md").write_text(md + "\n")
-        print(md)
+        write(report, self.out / "peer.json", self.out / "peer.md", lambda rep: markdown(rep["rows"]) + "\n")
+        print(markdown(rows))
         return report
 
 
@@ -200,9 +197,7 @@ def ratio(a, b):
 def markdown(rows: list[dict]) -> str:
     cols = ["system", "concurrency", "ttft_p50_ms", "tpot_p50_ms", "output_tok_s", "req_s", "failed", "tpot_vs_sglang",
             "throughput_vs_sglang", "ttft_vs_sglang"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join("–" if r.get(c) is None else str(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
+    return "\n".join(md_table(cols, rows))
 
 
 def main(argv: list[str] | None = None) -> dict:

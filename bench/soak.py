@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from serve import Workload, detect_model, one_request  # noqa: E402
-from serve_report import machine, now_iso, say  # noqa: E402
+from report import machine, now_iso, say  # noqa: E402
 from suite_support import ROOT, child_env, free_port, health_ok, kill_group, last_line  # noqa: E402
 
 KINDS = ("text", "audio_in", "speech", "transcribe", "realtime")

@@ -35,7 +35,7 @@ from omni.models.qwen3_omni.config import load_config  # noqa: E402
 from omni.models.qwen3_omni.checkpoint.presets_full import full_config, scaled_config  # noqa: E402
 from omni.models.qwen3_omni.checkpoint.random_load import random_code2wav, randomize_  # noqa: E402
 from omni.layers.rotary import rope_inv_freq  # noqa: E402
-from serve_report import machine, now_iso, say  # noqa: E402
+from report import machine, now_iso, say  # noqa: E402
 
 FRAME_S = 0.08  # 12.5 frames per second of audio
 

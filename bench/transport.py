@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
-import json
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import sys
 import time
@@ -36,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from omni.kernel.channels import ChannelFull  # noqa: E402
 from omni.kernel.messages import RequestChunk, decode, encode  # noqa: E402
 from omni.transport.shm import ShmChannel, unlink_prefix  # noqa: E402
+from report import machine, md_table, write  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
@@ -315,27 +314,6 @@ SECTIONS: list[Callable[[argparse.Namespace], dict[str, Any] | None]] = [bench_s
 # ---- report ----------------------------------------------------------------------------------
 
 
-def machine() -> dict[str, Any]:
-    info = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-    }
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu_model"] = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
-    except OSError:
-        pass
-    if "torch" in sys.modules:
-        torch = sys.modules["torch"]
-        info["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name()
-    return info
-
-
 def markdown(report: dict[str, Any]) -> str:
     lines = ["## Transport", "", f"Command: `{report['command']}`  ", f"Date: {report['date']}  "]
     m = report["machine"]
@@ -343,8 +321,7 @@ def markdown(report: dict[str, Any]) -> str:
                  + (f", {m['gpu']}" if "gpu" in m else ""))
     for section in report["sections"]:
         cols = [c for c in section["columns"] if c != "bytes"]
-        lines += ["", f"### {section['title']}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(str(row[c]) for c in cols) + " |" for row in section["rows"]]
+        lines += ["", f"### {section['title']}", "", *md_table(cols, section["rows"], fmt=str)]
         lines += ["", section["notes"]]
     return "\n".join(lines) + "\n"
 
@@ -376,9 +353,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         else:
             print("  skipped (not available here)", flush=True)
     report["machine"] = machine()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    Path(args.md).write_text(markdown(report))
+    write(report, args.out, args.md, markdown)
     print(f"wrote {args.out} and {args.md}")
     return report
 

@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
-from serve_report import machine, now_iso, say  # noqa: E402
+from report import machine, now_iso, say  # noqa: E402
 from suite_support import child_env, free_port, health_ok, kill_group, last_line  # noqa: E402
 
 PY = sys.executable

@@ -7,6 +7,11 @@
 #   cp /tmp/qtts/qwen_tts_hf-0.1.1.post1-py3-none-any.whl /opt/pypi/files/einops-0.8.2-py3-none-any.whl .whl/
 # librosa is not on the image: the reference's one use of it (mel filters) takes omni's equal ones
 # (OMNI_REFERENCE_MEL=omni, tests/qwen3_tts_reference.py). -> $OUT/tts.md, $OUT/tts.json, $OUT/issue16.log
+# Environment: TTS_ARGS (more bench/tts.py arguments, e.g. "--kinds custom_voice --no-reference
+#   --concurrency 1,16,64"), TOTAL_S (520), BUDGET_S (480), TTS=0 (no bench/tts.py),
+#   FIRST_USE="custom_voice base" (first bench/tts_first_use.py for these kinds: which stage and which
+#   part of the talker holds a warm c=1 request's first audio back; PROBE_S=230 each ->
+#   $OUT/first_use_<kind>.log/.json).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OMNI_REFERENCE_MEL=omni HF_HUB_OFFLINE=1
 R=${R:-/tmp/r16}
@@ -16,6 +21,14 @@ if [ ! -d /tmp/whl ]; then
     > "$R/pip.log" 2>&1 || { echo "wheel install failed"; tail -5 "$R/pip.log"; }
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+for kind in ${FIRST_USE:-}; do
+  PYTHONPATH=/tmp/whl:$PWD timeout ${PROBE_S:-230} python3 bench/tts_first_use.py --out-dir /tmp/fu --kind $kind \
+    > "$OUT/first_use_$kind.log" 2>&1
+  echo "first use $kind rc=$?"; grep -E "^(fresh|burst|c=1|kernel|after)|WARNING" "$OUT/first_use_$kind.log" | cut -c1-400
+  grep -A 22 "slow eager" "$OUT/first_use_$kind.log" | cut -c1-200 | head -80
+  cp /tmp/fu/first_use_$kind.json "$OUT/" 2>/dev/null; rm -rf /tmp/fu/qwen3-tts-*
+done
+[ "${TTS:-1}" = 0 ] && exit 0
 PYTHONPATH=/tmp/whl:$PWD timeout -k 10 ${TOTAL_S:-520} python3 bench/tts.py --out-dir "$R" \
   --budget-s ${BUDGET_S:-480} ${TTS_ARGS:-} > "$R/issue16.log" 2>&1
 echo "tts.py rc=$?"
