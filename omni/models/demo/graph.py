@@ -13,5 +13,5 @@ from omni.stages.demo import DEFAULT_MAX_TOKENS, MAX_CONTEXT, SAMPLE_RATE, demo_
 def build_demo(model_dir: str | None = None, variant: str | None = None, **options: Any) -> tuple[Graph, ModelInfo]:
     info = ModelInfo(id="omni-demo", family="demo", speaks=True, voices=["tone"], sample_rate=SAMPLE_RATE,
                      random_weights=True, max_context=MAX_CONTEXT, sampling_stage="generator",
-                     extra={"audio_input": True, "completions": True, "default_max_tokens": DEFAULT_MAX_TOKENS})
+                     completions=True, audio_input=True, default_max_tokens=DEFAULT_MAX_TOKENS)
     return demo_graph(), info
