@@ -35,5 +35,5 @@ def build(model_dir: str | None = None, variant: str | None = None, **options: A
         ],
     )
     info = ModelInfo(id=voice.model_id, family="piper", speaks=True, voices=[voice.name], sample_rate=rate,
-                     tasks=("speech",), applies_speed=True)
+                     extra={"tasks": ["speech"], "applies_speed": True, "voice_model": str(voice.model)})
     return graph, info
