@@ -168,7 +168,7 @@ def test_openai_voices_map_to_the_models_own_by_one_table(voice, speaker):
 
 def test_a_checkpoint_overrides_the_voice_table_and_voice_design_describes_the_voice(tmp_path):
     from omni.api.voice_names import voice_description
-    from omni.models.openai_voices import openai_voices
+    from omni.layers.openai_voices import openai_voices
 
     (tmp_path / "config.json").write_text('{"omni_openai_voices": {"alloy": "ethan"}}')
     state = _state()

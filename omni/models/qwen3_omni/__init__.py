@@ -4,7 +4,7 @@ modules/ (torch), stages/ (the stage classes), checkpoint/ (tiny and full-size g
 loaders, export), graph.build (checkpoint dir -> Graph + ModelInfo), request (what a request needs).
 """
 
-from omni.models.hf_logs import drop_warnings
+from omni.layers.hf_logs import drop_warnings
 
 # Qwen3-Omni's M-RoPE keys, which its own config reads, unknown to transformers' generic rope check
 drop_warnings("transformers.modeling_rope_utils", "Unrecognized keys in `rope_parameters`")

@@ -28,7 +28,7 @@ from typing import Any
 from omni.kernel.errors import GraphError
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.models.registry import ModelInfo
-from omni.models.openai_voices import openai_voices
+from omni.layers.openai_voices import openai_voices
 from omni.models.qwen3_omni.config import Qwen3OmniConfig, load_config
 from omni.models.qwen3_omni.checkpoint.make_tiny import TINY_MARKER  # next to a random-weight checkpoint
 from omni.models.qwen3_omni.checkpoint.presets_full import random_marker  # a config-only dir: random weights at load

@@ -14,7 +14,7 @@ How it compares with the reference: greedy codes are the same for every kind and
 
 from __future__ import annotations
 
-from omni.models.hf_logs import drop_warnings
+from omni.layers.hf_logs import drop_warnings
 
 # its config read through a base class that has no model type: harmless
 drop_warnings("transformers.configuration_utils",

@@ -28,7 +28,7 @@ from omni.kernel.errors import GraphError
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.models.registry import ModelInfo
 from omni.models.qwen3_tts.checkpoint.make_tiny import TINY_MARKER
-from omni.models.openai_voices import openai_voices
+from omni.layers.openai_voices import openai_voices
 from omni.models.qwen3_tts.config import load_config
 
 FAMILY = "qwen3-tts"

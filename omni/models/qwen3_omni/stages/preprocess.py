@@ -19,7 +19,7 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest
 from omni.models.chat_template import content_format, render_messages
-from omni.models.prompt_splice import splice, with_sentinels
+from omni.layers.prompt_splice import splice, with_sentinels
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.modules.image_patches import ImagePatchConfig, ImagePatches, image_to_patches
 
