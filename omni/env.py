@@ -6,6 +6,10 @@ variables: see omni/stages/args.py).
 - OMNI_API_KEY: the key omnid serve asks clients for (the default of --api-key);
 - OMNI_CENSUS_DIR: each stage process writes a heap / tensor census there at SIGUSR1 (omni/census.py;
   bench/soak.py --census sets it);
+- OMNI_PROFILE_DIR: stage processes profile some of their steps with torch.profiler and write a
+  kernel table there (omni/stages/step_profiler.py); OMNI_PROFILE_STAGES (comma-separated stage
+  names, default all), OMNI_PROFILE_SKIP (steps before each window, comma-separated, default 300), OMNI_PROFILE_STEPS (steps
+  profiled, default 40);
 - TRITON_INTERPRET=1 (triton's own): its kernels run on the CPU interpreter (tests).
 """
 
@@ -36,3 +40,13 @@ def census_dir() -> str | None:
 
 def triton_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def profile_settings() -> tuple[str, set[str], list[int], int] | None:
+    """(dir, stage names or empty for all, the steps each window starts after, steps profiled), or
+    None when off."""
+    where = os.environ.get("OMNI_PROFILE_DIR")
+    if not where:
+        return None
+    names = {n for n in os.environ.get("OMNI_PROFILE_STAGES", "").split(",") if n}
+    return where, names, sorted(int(n) for n in os.environ.get("OMNI_PROFILE_SKIP", "300").split(",")), int(os.environ.get("OMNI_PROFILE_STEPS", "40"))

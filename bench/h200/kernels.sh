@@ -4,7 +4,8 @@
 # (part `decode`) thinker decode with the fused norm/rope/router ops on and off. SGLang kit part a
 # installs in the background when carried (.sglkit/a, .sglkit/install.sh). carry: .whl
 # Everything lands in $R (/tmp/r1) and comes back as $OUT/r1.tgz (a call returns at most 8 files).
-# Environment: PARTS (tests,moe,talker,parity,profile; add `decode` for fused vs unfused decode),
+# Environment: PARTS (tests,moe,talker,parity,profile; add `decode` for fused vs unfused decode, `codec` for
+#   both codec decoders eager vs CUDA graphs, bench/codec_graphs_gpu.py with CODEC_ARGS, CODEC_S (150)),
 #   GPU_TEST_FILES (the tests part's files), TALKER_ARGS ("--batch 1,16"), TALKER_S (60),
 #   PROFILE_ARGS ("--batch 1,16 --steps 10 --deadline-s 105"), PROFILE_S (120),
 #   DECODE_ARGS ("--batch 1,16 --tokens 32 --modes graphs+triton"), R, TGZ (r1.tgz).
@@ -32,6 +33,9 @@ has moe && { timeout 100 python3 bench/moe_kernels.py --out $R/moe_kernels.json 
 # shellcheck disable=SC2086
 has talker && { timeout ${TALKER_S:-60} python3 bench/talker_step_gpu.py ${TALKER_ARGS:---batch 1,16} --out $R/talker_step_gpu.json \
   > $R/talker_step.log 2>&1; tail -15 $R/talker_step.log; }
+# shellcheck disable=SC2086
+has codec && { timeout ${CODEC_S:-150} python3 bench/codec_graphs_gpu.py ${CODEC_ARGS:-} --out $R/codec_graphs.json \
+  > $R/codec_graphs.log 2>&1; tail -40 $R/codec_graphs.log; }
 has parity && { timeout 40 python3 bench/talker_parity_gpu.py --device cuda --out $R/talker_parity.json > $R/parity.log 2>&1; tail -12 $R/parity.log; }
 # shellcheck disable=SC2086
 has profile && { timeout ${PROFILE_S:-120} python3 bench/profile_decode.py --out-dir $R/profile \

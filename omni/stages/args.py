@@ -120,6 +120,7 @@ class VocoderArgs(StageArgs):
     chunk_frames: int = 12  # frames of every later chunk
     grow_chunks: bool = False  # later chunks as long as the audio sent so far, up to chunk_frames
     max_batch: int = 0  # requests per forward; 0 = 128 with the codec on a GPU, else 8
+    cuda_graphs: bool = True  # on a GPU: every chunk shape a stream meets replayed from a CUDA graph
 
     def check(self) -> None:
         super().check()

@@ -24,6 +24,7 @@ from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.stages.args import VocoderArgs, coerce_args
 from omni.stages.gpu_clock import GpuClock
+from omni.stages.step_profiler import StepProfiler
 from omni.stages.threads import pin_torch_threads
 
 GPU_MAX_BATCH, CPU_MAX_BATCH = 128, 8  # on a GPU, 64+ streams' chunks in one forward
@@ -46,6 +47,10 @@ class StreamingCodec(Protocol):
         samples [B, n] (numpy, or a float32 tensor that may still be being computed);
         advances `streams`."""
         ...
+
+    # optional: `release(stream)` (a stream's resources back: it ended), `capture_graphs(first,
+    # chunk, max_batch)` (CUDA graphs of the chunk shapes), `fit_frames(n)` (the chunk length
+    # <= n that decodes fastest: a stream's last frames go in those)
 
 
 def _is_tensor(x: Any) -> bool:
@@ -97,13 +102,16 @@ class VocoderRequest:
     pending_frames: int = 0
     decoded_frames: int = 0
     closed: bool = False
+    fit: Any = None  # the codec's `fit_frames`: a closed stream's last frames go in chunks it decodes fastest
 
     def due(self) -> int:
         """Frames to decode now (0: wait for more)."""
         need = chunk_after(self.decoded_frames, self.first_chunk, self.chunk, self.grow)
         if self.pending_frames >= need:
             return need
-        return self.pending_frames if self.closed else 0
+        if not self.closed or not self.pending_frames:
+            return 0
+        return self.fit(self.pending_frames) if self.fit else self.pending_frames
 
     def take(self, n: int) -> Any:
         frames = self.pending[0] if len(self.pending) == 1 else _join(self.pending, stack=False)
@@ -133,6 +141,7 @@ class VocoderStage(Stage):
         self.decoded_frames = 0
         self.forwards = 0
         self.gpu_clock = GpuClock()  # on the codec's device once set up
+        self.profiler = StepProfiler(f"{ctx.name}.{ctx.replica}")
 
     def build_codec(self) -> StreamingCodec:
         raise NotImplementedError("pass a codec or override build_codec")
@@ -142,6 +151,9 @@ class VocoderStage(Stage):
         if self.codec is None:
             self.codec = self.build_codec()
         self.gpu_clock = GpuClock(getattr(self.codec, "device", "cpu"))
+        self.graphs = 0
+        if self.on_gpu and self.ctx.args.cuda_graphs and hasattr(self.codec, "capture_graphs"):
+            self.graphs = self.codec.capture_graphs(self.first_chunk, self.chunk, self.max_batch)
 
     @property
     def on_gpu(self) -> bool:
@@ -156,7 +168,8 @@ class VocoderStage(Stage):
     def open(self, rid: str, params: dict[str, Any]) -> None:
         first = _positive(params.get("vocoder_first_chunk_frames", self.first_chunk), "vocoder_first_chunk_frames")
         chunk = _positive(params.get("vocoder_chunk_frames", self.chunk), "vocoder_chunk_frames")
-        self.requests[rid] = VocoderRequest(self.codec.new_stream(), first, chunk, self.grow)
+        self.requests[rid] = VocoderRequest(self.codec.new_stream(), first, chunk, self.grow,
+                                            fit=getattr(self.codec, "fit_frames", None))
 
     def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
         req = self.requests[rid]
@@ -207,7 +220,14 @@ class VocoderStage(Stage):
         self.requests[rid].closed = True
 
     def abort(self, rid: str) -> None:
-        self.requests.pop(rid, None)
+        self._end(rid)
+
+    def _end(self, rid: str) -> None:
+        """Forget a request; its stream's resources go back to the codec."""
+        req = self.requests.pop(rid, None)
+        release = getattr(self.codec, "release", None)
+        if req is not None and release is not None:
+            release(req.stream)
 
     def has_work(self) -> bool:
         return any(r.due() or (r.closed and not r.pending_frames) for r in self.requests.values())
@@ -216,48 +236,50 @@ class VocoderStage(Stage):
         return sum(r.pending_frames for r in self.requests.values())
 
     def step(self) -> list[Emit]:
+        with self.profiler.step():
+            return self._step()
+
+    def _step(self) -> list[Emit]:
         emits = [Emit(rid, finish=True) for rid, r in self.requests.items() if r.closed and not r.pending_frames]
         for e in emits:
-            del self.requests[e.rid]
+            self._end(e.rid)
         launched = []  # every forward is launched before any PCM is copied back
         self.gpu_clock.start()
         for batch in self._next_batches():
             n = self.requests[batch[0]].due()
             codes = _join([self.requests[rid].take(n) for rid in batch], stack=True)
-            batch, codes = self._drop_bad_rows(batch, codes, emits)
-            if not batch:
-                continue
+            codes, bad = self._range_check(codes)
             reqs = [self.requests[rid] for rid in batch]
-            launched.append((batch, reqs, n, self.codec.decode_frames(codes, [r.stream for r in reqs])))
+            launched.append((batch, reqs, n, self.codec.decode_frames(codes, [r.stream for r in reqs]), bad))
             self.forwards += 1
             self.decoded_frames += n * len(reqs)
         self.gpu_clock.stop()
-        for batch, reqs, n, pcm in launched:
-            for rid, r, samples in zip(batch, reqs, _host_pcm(pcm)):
+        for batch, reqs, n, pcm, bad in launched:
+            pcm = _host_pcm(pcm)  # the step's one wait for the device
+            bad = bad.tolist() if bad is not None else [False] * len(batch)
+            for rid, r, samples, is_bad in zip(batch, reqs, pcm, bad):
+                if is_bad:
+                    exc = InvalidRequest(f"codes must lie in [0, {self.codec.codebook_size})")
+                    emits.append(Emit(rid, error=str(exc), error_kind=exc.kind))
+                    self._end(rid)
+                    continue
                 r.decoded_frames += n
                 done = r.closed and not r.pending_frames
                 data = {"pcm": np.ascontiguousarray(samples), "sample_rate": self.codec.sample_rate}
                 if len(samples) or done:
                     emits.append(Emit(rid, self.out_port, data if len(samples) else None, finish=done))
                 if done:
-                    del self.requests[rid]
+                    self._end(rid)
         return emits
 
-    def _drop_bad_rows(self, batch: list[str], codes: Any, emits: list[Emit]) -> tuple[list[str], Any]:
-        """Device codes are range-checked here, once per forward: a request with codes outside
-        the codebook fails alone; the others are decoded."""
+    def _range_check(self, codes: Any) -> tuple[Any, Any]:
+        """Device codes are range-checked once per forward without waiting for the device: the
+        rows out of the codebook are decoded clamped and flagged, and their requests fail (alone)
+        when the step copies its PCM back."""
         if not _is_tensor(codes):
-            return batch, codes
-        bad = ((codes < 0) | (codes >= self.codec.codebook_size)).flatten(1).any(1).tolist()
-        if not any(bad):
-            return batch, codes
-        exc = InvalidRequest(f"codes must lie in [0, {self.codec.codebook_size})")
-        for rid, is_bad in zip(batch, bad):
-            if is_bad:
-                emits.append(Emit(rid, error=str(exc), error_kind=exc.kind))
-                del self.requests[rid]
-        keep = [i for i, is_bad in enumerate(bad) if not is_bad]
-        return [batch[i] for i in keep], codes[keep]
+            return codes, None
+        bad = ((codes < 0) | (codes >= self.codec.codebook_size)).flatten(1).any(1)
+        return codes.clamp(0, self.codec.codebook_size - 1), bad
 
     def stats(self) -> dict[str, Any]:
         return {"running": len(self.requests), "buffered_frames": self.backlog(),

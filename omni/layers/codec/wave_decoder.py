@@ -11,12 +11,18 @@ their last samples until the next frame arrives.
 
 from __future__ import annotations
 
+import logging
+import weakref
 from dataclasses import dataclass, field
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
 
+from omni.layers.codec.codec_graphs import BATCH_BUCKETS, CodecGraphs, frame_sizes
 from omni.layers.codec.pre_transformer import PreTransformer, SlidingAttention
+from omni.layers.codec.stream_slots import StreamSlots
 from omni.layers.codec.streaming_layers import (
     CausalConv,
     CausalTransConv,
@@ -26,6 +32,9 @@ from omni.layers.codec.streaming_layers import (
     UpsampleStage,
 )
 from omni.layers.configs import WaveDecoderConfig
+
+log = logging.getLogger("omni.codec")
+SLOTS_GPU, SLOTS_CPU = 256, 16  # streams' contexts held at once (more: the slots double)
 
 
 def samples_for(cfg: WaveDecoderConfig, frames: int) -> int:
@@ -41,12 +50,21 @@ def samples_for(cfg: WaveDecoderConfig, frames: int) -> int:
 
 @dataclass
 class WaveStream:
-    """One stream's left context: layer histories ([1, ...] tensors), frames and samples so far."""
+    """One stream: its row in the decoder's slots (0 until its first decode), or `tensors`, a
+    detached left context ([1, ...] per layer) to start from; frames and samples so far."""
 
-    tensors: dict[str, torch.Tensor]
+    tensors: dict[str, torch.Tensor] | None = None
     frames: int = 0
     samples: int = 0
     inputs_seen: dict[str, int] = field(default_factory=dict)  # per transposed conv
+    slot: int = 0
+    _release: Any = None  # returns the slot when the stream is dropped without `release`
+
+    def fork(self) -> "WaveStream":
+        """A new stream continuing from this one's snapshot (see `StreamingWaveDecoder.snapshot`)."""
+        if self.slot:
+            raise ValueError("fork a snapshot, not a live stream")
+        return WaveStream(self.tensors, self.frames, self.samples, dict(self.inputs_seen))
 
 
 class StreamingWaveDecoder(nn.Module):
@@ -115,11 +133,44 @@ class StreamingWaveDecoder(nn.Module):
         return samples_for(self.cfg, frames)
 
     def new_stream(self) -> WaveStream:
-        p = next(self.parameters())
-        tensors: dict[str, torch.Tensor] = {}
-        for _, m in self._stateful:
-            tensors.update(m.init_state(p.dtype, p.device))
-        return WaveStream(tensors, inputs_seen={n: 0 for n, m in self._stateful if isinstance(m, CausalTransConv)})
+        """A fresh stream; it takes a slot at its first decode and gives it back on `release`
+        (or when it is dropped)."""
+        return WaveStream(inputs_seen={n: 0 for n, m in self._stateful if isinstance(m, CausalTransConv)})
+
+    def release(self, stream: WaveStream) -> None:
+        """Give the stream's slot back (a finished or aborted request)."""
+        if stream._release is not None:
+            stream._release()
+        stream.slot, stream._release = 0, None
+
+    @torch.inference_mode()
+    def snapshot(self, stream: WaveStream) -> WaveStream:
+        """A detached copy of `stream` (its context cloned out of the slots) to `fork` later;
+        `stream` itself is released."""
+        tensors = self._slots().snapshot(stream.slot) if stream.slot else stream.tensors
+        copy = WaveStream(tensors, stream.frames, stream.samples, dict(stream.inputs_seen))
+        self.release(stream)
+        return copy
+
+    def _slots(self) -> StreamSlots:
+        """The slots, made at first use (after the weights reached their device and dtype)."""
+        if getattr(self, "_stream_slots", None) is None:
+            p = next(self.parameters())
+            template: dict[str, torch.Tensor] = {}
+            for _, m in self._stateful:
+                template.update(m.init_state(p.dtype, p.device))
+            self._stream_slots = StreamSlots(template, SLOTS_GPU if p.device.type == "cuda" else SLOTS_CPU)
+        return self._stream_slots
+
+    def _seat(self, streams: list[WaveStream]) -> None:
+        """Slots for the streams that have none yet, set to their start."""
+        new = [s for s in streams if not s.slot]
+        if not new:
+            return
+        slots = self._slots()
+        for s, row in zip(new, slots.acquire([s.tensors for s in new])):
+            s.slot, s.tensors = row, None
+            s._release = weakref.finalize(s, slots.release, row)
 
     def batch_key(self, stream: WaveStream) -> tuple[int, ...]:
         """Streams with equal keys (and equal frame counts) can be decoded in one batch."""
@@ -165,10 +216,81 @@ class StreamingWaveDecoder(nn.Module):
         return t.to(self.device)
 
     def _decode(self, codes: torch.Tensor, streams: list[WaveStream]) -> torch.Tensor:
-        st = self._stack(streams)
-        wav = self._forward(codes, st)
-        self._unstack(st, streams, codes.shape[-1], wav.shape[-1])
+        """One forward for the batch: a graph replay when its shape was captured, else eager."""
+        self._seat(streams)
+        meta = self._to_device(torch.tensor([[s.slot for s in streams], [s.frames for s in streams]],
+                                            dtype=torch.long))
+        trim = self._trim(streams[0])
+        graphs = getattr(self, "_graphs", None)
+        if graphs is not None and graphs.generation != self._slots().generation:
+            log.warning("codec: more than %d streams at once: the slots doubled, CUDA graphs captured again",
+                        self._slots().capacity // 2)
+            self.capture_graphs(*self._graph_args)
+            graphs = self._graphs
+        if graphs is not None and graphs.has(len(streams), codes.shape[-1], trim):
+            wav, consumed = graphs.run(codes, meta, trim)
+        else:
+            wav, consumed = self._step(codes, meta, trim)
+        for s in streams:
+            s.frames += codes.shape[-1]
+            s.samples += wav.shape[-1]
+            for key, n in consumed.items():
+                s.inputs_seen[key] += n
         return wav
+
+    def _step(self, codes: torch.Tensor, meta: torch.Tensor, trim: dict[str, int]) -> tuple[torch.Tensor, dict]:
+        """Gather the rows `meta[0]` (at frame counts `meta[1]`) from the slots, decode, write
+        them back: what a graph records."""
+        slots = self._slots()
+        st = StreamBatch(slots.gather(meta[0]), meta[1], trim)
+        wav = self._forward(codes, st)
+        slots.scatter(meta[0], st.tensors)
+        return wav.float(), dict(st.consumed)
+
+    def _trim(self, stream: WaveStream) -> dict[str, int]:
+        return {n: m.trim_after(stream.inputs_seen[n]) for n, m in self._stateful if isinstance(m, CausalTransConv)}
+
+    @torch.inference_mode()
+    def capture_graphs(self, first_frames: int, chunk_frames: int, max_batch: int) -> int:
+        """CUDA graphs for every (batch bucket <= max_batch, chunk length) a stream meets: the
+        first chunk with the fresh stream's trims, `frame_sizes` with the steady ones. Returns
+        how many were captured; nothing off a GPU. Short of memory (other stages share the GPU),
+        the largest buckets are dropped until the rest fit; batches above them run eagerly."""
+        if self.device.type != "cuda":
+            return 0
+        self._graph_args = (first_frames, chunk_frames, max_batch)
+        while True:
+            keys, buckets = self._graph_keys(first_frames, chunk_frames, max_batch)
+            self._graphs = CodecGraphs(self._step, self.cfg.num_quantizers, self.device)
+            try:
+                seconds = self._graphs.capture(keys, self._slots().generation)
+                break
+            except torch.cuda.OutOfMemoryError:
+                self._graphs = None
+                torch.cuda.empty_cache()
+                if max_batch <= 1:
+                    log.warning("codec: no memory for CUDA graphs; chunks decode eagerly")
+                    return 0
+                log.warning("codec: no memory for graphs of %d streams; trying %d", max_batch, max_batch // 2)
+                max_batch //= 2
+        log.info("codec: %d CUDA graphs in %.1f s (batches %s, chunks %s)", len(keys), seconds, buckets,
+                 list(frame_sizes(first_frames, chunk_frames)))
+        return len(keys)
+
+    def _graph_keys(self, first_frames: int, chunk_frames: int, max_batch: int) -> tuple[list, list[int]]:
+        fresh, steady = self.new_stream(), WaveStream(inputs_seen={n: 1 << 20 for n in self.new_stream().inputs_seen})
+        buckets = [b for b in BATCH_BUCKETS if b < max_batch] + [next((b for b in BATCH_BUCKETS if b >= max_batch),
+                                                                      BATCH_BUCKETS[-1])]
+        keys = {(b, first_frames, tuple(sorted(self._trim(fresh).items()))) for b in buckets}
+        keys |= {(b, n, tuple(sorted(self._trim(steady).items()))) for b in buckets
+                 for n in frame_sizes(first_frames, chunk_frames)}
+        return sorted(keys), buckets
+
+    def fit_frames(self, frames: int) -> int:
+        """The longest captured chunk <= `frames` (a stream's last chunk is decoded in those)."""
+        graphs = getattr(self, "_graphs", None)
+        fits = [n for n in (graphs.frames_captured() if graphs else ()) if n <= frames]
+        return max(fits) if fits else frames
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         """The full decode: [B, num_quantizers, T] -> [B, 1, samples_for(T)], like transformers'."""
@@ -182,18 +304,3 @@ class StreamingWaveDecoder(nn.Module):
         for layer in self.decoder:
             hidden = layer(hidden, st)
         return hidden[:, 0].clamp(min=-1, max=1)
-
-    def _stack(self, streams: list[WaveStream]) -> StreamBatch:
-        tensors = {k: torch.cat([s.tensors[k] for s in streams]) for k in streams[0].tensors}
-        pos = self._to_device(torch.tensor([s.frames for s in streams], dtype=torch.long))
-        trim = {n: m.trim_after(streams[0].inputs_seen[n]) for n, m in self._stateful
-                if isinstance(m, CausalTransConv)}
-        return StreamBatch(tensors, pos, trim)
-
-    def _unstack(self, st: StreamBatch, streams: list[WaveStream], frames: int, samples: int) -> None:
-        for b, s in enumerate(streams):
-            s.tensors = {k: v[b:b + 1].clone() for k, v in st.tensors.items()}
-            s.frames += frames
-            s.samples += samples
-            for key, n in st.consumed.items():
-                s.inputs_seen[key] += n

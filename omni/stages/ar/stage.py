@@ -39,6 +39,7 @@ from omni.stages.args import coerce_args
 from omni.stages.ar.engine import AREngine, StepOutput
 from omni.stages.ar.model_api import ARModel
 from omni.stages.ar.sequence import SamplingParams
+from omni.stages.step_profiler import StepProfiler
 from omni.stages.threads import pin_torch_threads
 
 log = logging.getLogger("omni.ar.stage")
@@ -77,6 +78,7 @@ class ARStage(Stage):
         self._pending: dict[str, _Pending] = {}
         self._errors: list[Emit] = []
         self._prompt_taps: dict[str, list[StepOutput]] = {}  # prompt rows not yet emitted
+        self.profiler = StepProfiler(f"{ctx.name}.{ctx.replica}")
 
     # ---- set-up ---------------------------------------------------------------------
     def build_model(self) -> ARModel:
@@ -252,7 +254,9 @@ class ARStage(Stage):
     # ---- stepping -------------------------------------------------------------------
     def step(self) -> list[Emit]:
         emits, self._errors = self._errors, []
-        for out in self.engine.step():
+        with self.profiler.step():
+            outputs = self.engine.step()
+        for out in outputs:
             emits.extend(self.emits_for(out))
         return emits
 

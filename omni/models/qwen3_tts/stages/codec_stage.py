@@ -88,6 +88,7 @@ class CodecStage(VocoderStage):
         if state is None:
             state = self.codec.new_stream()
             self.codec.decode_frames(ref[None], [state])
+            state = self.codec.snapshot(state)  # detached: requests fork it, none advances it
             state.samples = 0  # the reference part is not this request's audio
             self.voice_states[key] = state
             while len(self.voice_states) > self.max_voice_states:
@@ -95,13 +96,8 @@ class CodecStage(VocoderStage):
         else:
             self.voice_states.move_to_end(key)
             self.voice_state_hits += 1
-        return _copy_stream(state)
+        return state.fork()
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "voice_states": len(self.voice_states), "voice_state_hits": self.voice_state_hits}
 
-
-def _copy_stream(stream):
-    """A stream continuing from `stream`'s state; the cached one is never advanced."""
-    return type(stream)({k: v.clone() for k, v in stream.tensors.items()}, stream.frames, stream.samples,
-                        dict(stream.inputs_seen))
