@@ -4,7 +4,8 @@ batch gathers and writes back its rows by index. CPU: a reused row starts fresh,
 give their rows back, the slots grow without touching live streams, a snapshot forks; the
 vocoder stage decodes a closed stream's last frames in the codec's fitting chunk lengths and
 releases every stream it ends. GPU (marked `gpu`): graph replays equal the eager decode at every
-batch bucket (padded) and chunk length, and after the slots grow."""
+batch bucket (padded) and chunk length, and after the slots grow; the same check runs on the CPU
+with a recorder that replays eagerly (the padding, scratch rows and output copies)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from omni.kernel.stage import StageContext
-from omni.layers.codec.codec_graphs import frame_sizes
+from omni.layers.codec.codec_graphs import CodecGraphs, frame_sizes
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from omni.models.qwen3_omni.modules.code2wav import Code2Wav
 from omni.stages.vocoder import VocoderStage
@@ -132,19 +133,25 @@ def test_graph_frame_sizes_cover_every_chunk_of_a_stream():
     assert frame_sizes(10, 3) == (1, 2, 3, 10)
 
 
-@pytest.mark.gpu
-def test_graph_replays_equal_the_eager_decode_on_cuda(model):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    eager = Code2Wav(model.cfg).cuda().eval()
-    eager.load_state_dict(model.state_dict())
-    graphed = Code2Wav(model.cfg).cuda().eval()
-    graphed.load_state_dict(model.state_dict())
+class EagerRecorder(CodecGraphs):
+    """Records a shape as a closure that re-runs the decoder's step on the same input buffers,
+    so the graphs' padding, scratch rows and output copies run on the CPU."""
+
+    def record(self, codes, meta, trim):
+        out, consumed = self.step(codes, meta, trim)
+        return (lambda: out.copy_(self.step(codes, meta, trim)[0])), out, consumed
+
+
+class RecordedCode2Wav(Code2Wav):
+    graphs_class = EagerRecorder
+
+
+def _graphs_equal_eager(model, graphed, eager, device: str) -> None:
     assert graphed.capture_graphs(4, 8, max_batch=16) > 0
     schedule = [4, 8, 8, 4, 2, 1]  # first, steady, and a last chunk split as fit_frames does
-    assert all(graphed.fit_frames(n) == n for n in (1, 2, 4, 8))
+    assert all(graphed.fit_frames(n) == n for n in (1, 2, 4, 8)) and graphed.fit_frames(7) == 4
     for batch in (1, 3, 16):  # 3: padded to the bucket of 4
-        codes = _codes(model, batch, sum(schedule), seed=batch).cuda()
+        codes = _codes(model, batch, sum(schedule), seed=batch).to(device)
         s_eager = [eager.new_stream() for _ in range(batch)]
         s_graph = [graphed.new_stream() for _ in range(batch)]
         start = 0
@@ -155,13 +162,31 @@ def test_graph_replays_equal_the_eager_decode_on_cuda(model):
             assert graphed._graphs.replays == replays + 1
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
             start += n
+        assert [s.samples for s in s_graph] == [s.samples for s in s_eager]
     crowd = [graphed.new_stream() for _ in range(graphed._slots().capacity + 1)]
-    graphed.decode(_codes(model, 1, 4, seed=9).cuda().expand(len(crowd), -1, -1)[:16], crowd[:16])
-    graphed.decode(_codes(model, len(crowd) - 16, 4, seed=9).cuda(), crowd[16:])  # the slots grow: graphs again
-    codes = _codes(model, 2, 8, seed=10).cuda()
+    graphed.decode(_codes(model, 16, 4, seed=9).to(device), crowd[:16])
+    graphed.decode(_codes(model, len(crowd) - 16, 4, seed=9).to(device), crowd[16:])  # the slots grow: graphs again
+    codes = _codes(model, 2, 8, seed=10).to(device)
     a, b = [eager.new_stream() for _ in range(2)], [graphed.new_stream() for _ in range(2)]
     eager.decode(codes[:, :, :4], a), graphed.decode(codes[:, :, :4], b)
     replays = graphed._graphs.replays
     torch.testing.assert_close(graphed.decode(codes[:, :, 4:], b), eager.decode(codes[:, :, 4:], a),
                                atol=1e-5, rtol=1e-4)
     assert graphed._graphs.replays == replays + 1
+
+
+def _copy(model, cls, device: str):
+    copy = cls(model.cfg).to(device).eval()
+    copy.load_state_dict(model.state_dict())
+    return copy
+
+
+def test_recorded_graphs_pad_batches_and_equal_the_eager_decode(model):
+    _graphs_equal_eager(model, _copy(model, RecordedCode2Wav, "cpu"), _copy(model, Code2Wav, "cpu"), "cpu")
+
+
+@pytest.mark.gpu
+def test_graph_replays_equal_the_eager_decode_on_cuda(model):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _graphs_equal_eager(model, _copy(model, Code2Wav, "cuda"), _copy(model, Code2Wav, "cuda"), "cuda")

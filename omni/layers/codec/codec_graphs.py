@@ -35,7 +35,7 @@ def frame_sizes(first: int, chunk: int) -> tuple[int, ...]:
 
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph
+    replay: Callable[[], None]
     codes: torch.Tensor  # [bucket, groups, frames] long
     meta: torch.Tensor  # [2, bucket] long: slot rows, frame counts
     out: torch.Tensor  # [bucket, samples] float32
@@ -44,7 +44,8 @@ class _Graph:
 
 class CodecGraphs:
     """`run(codes, meta, trim)` -> (pcm, consumed): the decoder's gather -> forward -> scatter
-    (the `step` callable) on graph inputs. `capture` records the shapes a stream will meet."""
+    (the `step` callable) on graph inputs. `capture` records the shapes a stream will meet;
+    `record` is the one CUDA-specific part."""
 
     def __init__(self, step: Callable, groups: int, device: torch.device) -> None:
         self.step = step
@@ -64,21 +65,27 @@ class CodecGraphs:
         t0 = time.monotonic()
         self.graphs.clear()
         self.generation = generation
-        self.pool = torch.cuda.graph_pool_handle()
         for bucket, frames, trim in sorted(keys, key=lambda k: (-k[0], -k[1])):
             codes = torch.zeros(bucket, self.groups, frames, dtype=torch.long, device=self.device)
             meta = torch.zeros(2, bucket, dtype=torch.long, device=self.device)  # every row: scratch
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):  # first use of each kernel outside the capture
-                self.step(codes, meta, dict(trim))
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out, consumed = self.step(codes, meta, dict(trim))
-            self.graphs[(bucket, frames, trim)] = _Graph(graph, codes, meta, out, consumed)
-        torch.cuda.synchronize(self.device)
+            replay, out, consumed = self.record(codes, meta, dict(trim))
+            self.graphs[(bucket, frames, trim)] = _Graph(replay, codes, meta, out, consumed)
         return time.monotonic() - t0
+
+    def record(self, codes: torch.Tensor, meta: torch.Tensor, trim: dict[str, int]):
+        """One CUDA graph of `step` on these inputs -> (replay, its output, consumed)."""
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # first use of each kernel outside the capture
+            self.step(codes, meta, trim)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out, consumed = self.step(codes, meta, trim)
+        torch.cuda.synchronize(self.device)
+        return graph.replay, out, consumed
 
     def has(self, batch: int, frames: int, trim: dict[str, int]) -> bool:
         bucket = self.bucket(batch)
@@ -95,6 +102,6 @@ class CodecGraphs:
         g.codes[:batch].copy_(codes)
         g.meta[:, :batch].copy_(meta)
         g.meta[:, batch:].zero_()  # padding rows: the scratch slot, frame 0
-        g.graph.replay()
+        g.replay()
         self.replays += 1
         return g.out[:batch].clone(), g.consumed
