@@ -89,6 +89,8 @@ def stage_timeline(before: dict[str, Any], after: dict[str, Any]) -> dict[str, A
                            "busy_pct": round(100 * (1 - seconds["idle"] / wall), 1) if wall > 0 else None,
                            "steps": int(steps), "ms_per_step": round(1000 * step / steps, 2) if steps else None,
                            "seconds": {k: None if v is None else round(v, 4) for k, v in seconds.items()}}
+    if "gpu_reserved_bytes" in after:
+        row["gpu_reserved_gb"] = round(after["gpu_reserved_bytes"] / 2**30, 2)
     for rows_key, steps_key in ROWS_PER_STEP:
         if rows_key in after and steps_key in after:
             n = after[steps_key] - before.get(steps_key, 0.0)
@@ -184,12 +186,13 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"## c={lv['concurrency']}: {lv['ok']}/{lv['requests']} ok in {lv['wall_s']} s, TTFA p50 "
                   f"{_f(ttfa.get('p50'))} ms, RTF p50 {_f(rtf.get('p50'))}, {_f(lv['audio_s_per_s'])} audio s/s", "",
                   f"GPU: {gpu}. Busiest stage: {lv['busiest_stage']}.", "",
-                  "| stage | " + " | ".join(COLUMNS) + " | recv | busy | steps | ms/step | rows/step |",
-                  "|---" * (len(COLUMNS) + 6) + "|"]
+                  "| stage | " + " | ".join(COLUMNS) + " | recv | busy | steps | ms/step | rows/step | GPU reserved GB |",
+                  "|---" * (len(COLUMNS) + 7) + "|"]
         for stage, row in lv["stages"].items():
             cells = [_f(row["share_pct"][k]) for k in COLUMNS]
             lines.append(f"| {stage} | " + " | ".join(cells) + f" | {_f(row['recv_pct'])} | {_f(row['busy_pct'])} | "
-                         f"{row['steps']} | {_f(row['ms_per_step'])} | {_f(row.get('rows_per_step'))} |")
+                         f"{row['steps']} | {_f(row['ms_per_step'])} | {_f(row.get('rows_per_step'))} | "
+                         f"{_f(row.get('gpu_reserved_gb'))} |")
         lines.append("")
     return "\n".join(lines)
 

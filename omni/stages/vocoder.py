@@ -24,6 +24,7 @@ from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.stages.args import VocoderArgs, coerce_args
 from omni.stages.gpu_clock import GpuClock
+from omni.stages.gpu_memory import gpu_memory
 from omni.stages.step_profiler import StepProfiler
 from omni.stages.threads import pin_torch_threads
 
@@ -141,6 +142,7 @@ class VocoderStage(Stage):
         self.decoded_frames = 0
         self.forwards = 0
         self.gpu_clock = GpuClock()  # on the codec's device once set up
+        self.graphs = 0  # CUDA graphs the codec captured
         self.profiler = StepProfiler(f"{ctx.name}.{ctx.replica}")
 
     def build_codec(self) -> StreamingCodec:
@@ -151,7 +153,6 @@ class VocoderStage(Stage):
         if self.codec is None:
             self.codec = self.build_codec()
         self.gpu_clock = GpuClock(getattr(self.codec, "device", "cpu"))
-        self.graphs = 0
         if self.on_gpu and self.ctx.args.cuda_graphs and hasattr(self.codec, "capture_graphs"):
             self.graphs = self.codec.capture_graphs(self.first_chunk, self.chunk, self.max_batch)
 
@@ -284,6 +285,7 @@ class VocoderStage(Stage):
     def stats(self) -> dict[str, Any]:
         return {"running": len(self.requests), "buffered_frames": self.backlog(),
                 "decoded_frames": self.decoded_frames, "forwards": self.forwards, "max_batch": self.max_batch,
+                "graphs": self.graphs, **gpu_memory(getattr(self.codec, "device", "cpu")),
                 **({"time_s": {"gpu": self.gpu_clock.seconds()}} if self.gpu_clock.on else {})}
 
     def _next_batches(self) -> list[list[str]]:

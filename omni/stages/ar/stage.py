@@ -39,6 +39,7 @@ from omni.stages.args import coerce_args
 from omni.stages.ar.engine import AREngine, StepOutput
 from omni.stages.ar.model_api import ARModel
 from omni.stages.ar.sequence import SamplingParams
+from omni.stages.gpu_memory import gpu_memory
 from omni.stages.step_profiler import StepProfiler
 from omni.stages.threads import pin_torch_threads
 
@@ -315,4 +316,4 @@ class ARStage(Stage):
         return len(self._pending) + waiting
 
     def stats(self) -> dict[str, Any]:
-        return self.engine.stats() if self.engine else {}
+        return {**self.engine.stats(), **gpu_memory(self.engine.config.device)} if self.engine else {}
