@@ -9,7 +9,9 @@
 # carry: .whl (omni's wheels). ~5-6 min. -> $OUT/timeline-*.md, $OUT/timeline-*.json, $OUT/timeline.log,
 # $OUT/omnid_tails.log. Environment: VARIANTS (default "omni omni-slots64 tts tts-slots64"), TOTAL_S (540:
 # a variant that would start past it is skipped), LEVEL_S (40: no new request past it in a level),
-# TIMELINE_ARGS (more bench/timeline.py arguments for every variant), SCALED=1 (a CPU dry run of this script:
+# TIMELINE_ARGS (more bench/timeline.py arguments for every variant), PROFILE=1 (torch.profiler windows of the
+# talker's and the codec/code2wav's steps under the load, omni/stages/step_profiler.py: OMNI_PROFILE_SKIP, default
+# "150,2500,5000", OMNI_PROFILE_STEPS 30; kernel tables and traces in $OUT/prof.tgz), SCALED=1 (a CPU dry run of this script:
 # tiny checkpoints, c = 1,2, short requests).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -28,6 +30,10 @@ if [ -n "${SCALED:-}" ]; then
 else
   device=(--device cuda --dtype bfloat16) omni_make=() tts_preset=full-1.7b tts_device=cuda
   levels=1,16,64 high=64 tokens=(--max-tokens 32 --audio-tokens 64) frames=(--frames 64)
+fi
+if [ -n "${PROFILE:-}" ]; then
+  export OMNI_PROFILE_DIR="$R/prof" OMNI_PROFILE_STAGES=${OMNI_PROFILE_STAGES:-talker,codec,code2wav}
+  export OMNI_PROFILE_SKIP=${OMNI_PROFILE_SKIP:-150,2500,5000} OMNI_PROFILE_STEPS=${OMNI_PROFILE_STEPS:-30}
 fi
 log() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a "$R/timeline.log"; }
 
@@ -65,4 +71,5 @@ for variant in ${VARIANTS:-omni omni-slots64 tts tts-slots64}; do
 done
 cp "$R"/timeline*.md "$R"/timeline*.json "$R/timeline.log" "$OUT/" 2>/dev/null
 tail -n 15 "$R"/omnid-*.log > "$OUT/omnid_tails.log" 2>/dev/null
+[ -d "$R/prof" ] && tar czf "$OUT/prof.tgz" -C "$R" prof
 log "done"
