@@ -9,7 +9,7 @@ import numpy as np
 
 from omni.kernel.kernel import Kernel
 from omni.kernel.stage import Emit
-from omni.stages.demo import demo_graph
+from omni.models.demo.stages import demo_graph
 
 
 def graph(channel: str = "auto", **stage_args: dict[str, Any]):

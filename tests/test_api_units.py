@@ -172,10 +172,10 @@ def test_a_checkpoint_overrides_the_voice_table_and_voice_design_describes_the_v
 
     (tmp_path / "config.json").write_text('{"omni_openai_voices": {"alloy": "ethan"}}')
     state = _state()
-    state.info.extra["openai_voices"] = openai_voices(tmp_path)
+    state.info.openai_voices = openai_voices(tmp_path)
     req = decode_body(b'{"model": "m", "input": "hi", "voice": "alloy"}', SpeechRequest)
     assert speech_params(state, req)["voice"] == "Ethan"
-    state.info.voices, state.info.extra = [], {"designs_voices": True, "instructions": True}
+    state.info.voices, state.info.designs_voices, state.info.instructions = [], True, True
     assert speech_params(state, req)["instructions"] == voice_description("alloy")  # none sent: the row's words
     told = decode_body(b'{"model": "m", "input": "hi", "voice": "alloy", "instructions": "a pirate"}', SpeechRequest)
     assert speech_params(state, told)["instructions"] == "a pirate"  # sent: they describe the voice

@@ -13,7 +13,7 @@ import pytest
 
 from omni.kernel import messages as m
 from omni.kernel.graph import EdgeSpec
-from omni.stages.demo import demo_graph
+from omni.models.demo.stages import demo_graph
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "omni" / "kernel"
 # #15, #27: the kernel in one sitting, under 1,420 lines of code, counted as cloc counts them (blank

@@ -111,7 +111,7 @@ def test_an_edge_uses_cuda_ipc_only_when_every_replica_of_both_ends_is_on_a_gpu(
 def test_each_replica_gets_its_device_and_its_readers_copy_there():
     from omni.kernel.driver import StageDriver
 
-    graph = Graph("g", [StageSpec("s", "omni.stages.demo:Generator", replicas=2, devices=["cpu", "cuda:1"])],
+    graph = Graph("g", [StageSpec("s", "omni.models.demo.stages:ToyGenerator", replicas=2, devices=["cpu", "cuda:1"])],
                   [EdgeSpec("s", "text", OUT)])
     assert [StageDriver(graph, "s", r).ctx.device for r in range(2)] == ["cpu", "cuda:1"]
     assert Readers("cuda:1").get("cuda_ipc").device == "cuda:1"

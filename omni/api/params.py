@@ -80,7 +80,7 @@ def resolve_voice(state: ServerState, voice: str | None, param: str) -> str | No
 
 def designs_voices(info) -> bool:
     """A model whose voice is described in `instructions`, not named (Qwen3-TTS VoiceDesign)."""
-    return bool(info.extra.get("designs_voices"))
+    return info.designs_voices
 
 
 def _sampling_dict(s: StageSampling) -> dict:
@@ -135,7 +135,7 @@ def logprobs_asked(state: ServerState, req: ChatCompletionRequest) -> int | None
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs", code="invalid_value")
     if not req.logprobs:
         return None
-    if not state.info.extra.get("logprobs"):
+    if not state.info.logprobs:
         raise bad_request(f"model {state.info.id!r} does not report log-probabilities", param="logprobs",
                           code="unsupported_parameter")
     return req.top_logprobs or 0
@@ -238,7 +238,7 @@ def speech_params(state: ServerState, req: SpeechRequest) -> dict:
     params = {"task": "speech", "input": req.input, "voice": voice, "speed": speed,
               "modalities": ["audio"], "messages": [],
               "sampling": stage_sampling(state, {}, req.stage_sampling)}
-    takes = state.info.extra.get("instructions")  # a model that takes instructions (or refuses them) says so
+    takes = state.info.instructions  # a model that takes instructions (or refuses them) says so
     if req.instructions and takes is False:
         raise bad_request(f"model {state.info.id!r} takes no instructions", param="instructions",
                           code="unsupported_value")
@@ -250,7 +250,7 @@ def speech_params(state: ServerState, req: SpeechRequest) -> dict:
 
 
 def model_applies_speed(state: ServerState) -> bool:
-    return bool(state.info.extra.get("applies_speed"))
+    return state.info.applies_speed
 
 
 def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language: str | None,
@@ -262,8 +262,8 @@ def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language
     served = state.transcriber(model, task)
     if served is None:
         route = "/v1/audio/translations" if task == "translate" else "/v1/audio/transcriptions"
-        why = [m.info.extra["no_translation_reason"] for m in state.served()
-               if task == "translate" and m.info.extra.get("no_translation_reason")]
+        why = [m.info.no_translation_reason for m in state.served()
+               if task == "translate" and m.info.no_translation_reason]
         raise bad_request(f"no loaded model serves {route} (model {state.info.id!r} does not"
                           + "".join(f"; {reason}" for reason in why) + ")",
                           code="translation_not_supported" if task == "translate" else "transcription_not_supported")
@@ -276,7 +276,7 @@ def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language
     if timestamps:
         params["timestamps"] = True
     if words:
-        if not served.info.extra.get("word_timestamps"):
+        if not served.info.word_timestamps:
             raise bad_request(f"model {served.info.id!r} does not time words", param="timestamp_granularities[]",
                               code="unsupported_value")
         params["word_timestamps"] = True

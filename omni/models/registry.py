@@ -31,7 +31,9 @@ CHARS_PER_TOKEN = 16
 
 @dataclass
 class ModelInfo:
-    """What the API needs to know of a served model."""
+    """What the API needs to know of a served model: each capability is a typed field with a default
+    (a family sets only what its model does). There is no free-form bag: a graph builder that still
+    passes `extra=` (a plugin written against an older omni) fails with a TypeError when it builds."""
     id: str
     family: str
     speaks: bool = False
@@ -39,9 +41,25 @@ class ModelInfo:
     voices: list[str] = field(default_factory=list)
     sample_rate: int = 24000
     random_weights: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
     max_context: int | None = None  # prompt tokens the model takes; longer prompts are refused up front
     sampling_stage: str | None = None  # the stage whose sampling a request's top-level fields set (None: none)
+    model_dir: str | None = None  # its checkpoint (uploaded voices are kept per checkpoint's files)
+    tasks: tuple[str, ...] = ("chat",)  # what it serves: "chat", "speech", "transcribe", "translate"
+    # chat
+    completions: bool = False  # also continues raw text (/v1/completions: its entry stage takes "complete")
+    logprobs: bool = False  # reports token log-probabilities
+    audio_input: bool = False  # hears audio itself (else a served transcriber transcribes it for realtime)
+    default_max_tokens: int | None = None  # the answer length it stops at when a request sets none
+    # transcription
+    word_timestamps: bool = False  # times words (timestamp_granularities[]=word)
+    no_translation_reason: str = ""  # why it does not translate, told when no served model does
+    # speech
+    instructions: bool | None = None  # takes `instructions` (True), refuses them with a 400 (False), ignores them (None)
+    applies_speed: bool = False  # applies `speed` itself (else the API resamples its audio)
+    designs_voices: bool = False  # its voice is described in `instructions`, not named (Qwen3-TTS VoiceDesign)
+    clones_voices: bool = False  # speaks in uploaded voices (/v1/audio/voices)
+    speaker_sample_rate: int | None = None  # the rate a voice upload is resampled to (None: 24 kHz)
+    openai_voices: dict[str, str] = field(default_factory=dict)  # OpenAI voice name -> its speaker (config.json)
 
 
 @dataclass

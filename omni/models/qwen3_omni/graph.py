@@ -20,7 +20,6 @@ every model stage: each draws its weights on its own device (`random_load`).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -130,18 +129,11 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         random_weights=tiny or bool(randomized),
         max_context=max_context,
         sampling_stage="thinker",
-        extra={"variant": variant, "model_dir": model_dir, "logprobs": True, "audio_input": True, "completions": True,
-               "default_max_tokens": lengths["thinker"],
-               "openai_voices": openai_voices(model_dir), **_tiny_facts(model_dir, tiny),
-               **({"random_load": randomized} if randomized else {})},
+        model_dir=model_dir,
+        completions=True,
+        logprobs=True,
+        audio_input=True,
+        default_max_tokens=lengths["thinker"],
+        openai_voices=openai_voices(model_dir),
     )
     return graph, info
-
-
-def _tiny_facts(model_dir: str, tiny: bool) -> dict[str, Any]:
-    if not tiny:
-        return {}
-    try:
-        return {"tiny": json.loads((Path(model_dir) / TINY_MARKER).read_text())}
-    except ValueError:
-        return {"tiny": {}}

@@ -127,9 +127,12 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         voices=cfg.voices if cfg.kind == "custom_voice" else [],
         sample_rate=sample_rate_of(model_dir),
         random_weights=tiny,
-        extra={"tasks": ["speech"], "tts_kind": cfg.kind, "model_dir": model_dir, "openai_voices": openai_voices(model_dir),
-               "designs_voices": cfg.kind == "voice_design", "instructions": cfg.kind != "base",
-               "clones_voices": base, "speaker_sample_rate": 24000, "languages": cfg.supported_languages,
-               **({"tiny": json.loads((Path(model_dir) / TINY_MARKER).read_text())} if tiny else {})},
+        model_dir=model_dir,
+        tasks=("speech",),
+        instructions=cfg.kind != "base",
+        designs_voices=cfg.kind == "voice_design",
+        clones_voices=base,
+        speaker_sample_rate=24000,
+        openai_voices=openai_voices(model_dir),
     )
     return graph, info

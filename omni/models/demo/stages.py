@@ -1,4 +1,4 @@
-"""The demo pipeline: encoder -> batched toy generator -> chunked toy vocoder.
+"""The demo family's stages and graph: encoder -> batched toy generator -> chunked toy vocoder.
 
 It is the kernel's own test bed (and `omnid serve`'s default until a real model is given):
 small stages with the compute shapes of an omni model, no weights. The generator works in
@@ -20,6 +20,7 @@ from omni.kernel.errors import InvalidRequest
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.kernel.registry import STAGES
 from omni.kernel.stage import Emit, Stage
+from omni.models.demo import KINDS
 
 DIM = 16
 VOCAB = "abcdefghijklmnopqrstuvwxyz .,!?"
@@ -234,10 +235,8 @@ def synthesize(frames: np.ndarray, first_index: int) -> np.ndarray:
     return np.concatenate(out).astype(np.float32)
 
 
-# Registered here as well as by the demo family, so the kernel's tests and a library-mode user
-# (README) run the demo with the kernel alone, no model registry.
-KINDS = {"demo.encoder": "omni.stages.demo:ToyEncoder", "demo.generator": "omni.stages.demo:ToyGenerator",
-         "demo.vocoder": "omni.stages.demo:ToyVocoder"}
+# The family's one table of kinds (omni/models/demo/__init__.py), put in the kernel's table on import
+# as well, so the kernel's tests and a library-mode user (README) run the demo with no model registry.
 STAGES.add({"kinds": KINDS})
 
 
@@ -256,7 +255,7 @@ def demo_graph(**stage_args: dict[str, Any]) -> Graph:
             EdgeSpec("generator", "frames", "vocoder"),
             EdgeSpec("vocoder", "audio", OUT),
         ],
-        needs="omni.stages.demo:needs",
+        needs="omni.models.demo.stages:needs",
     )
 
 
