@@ -19,6 +19,7 @@ from omni.api.media import MediaLimits, decode_audio_bytes, parse_image_url
 from omni.api.params import chat_params, speech_params
 from omni.api.routes_audio import SpeedChanger
 from omni.api.schemas import ChatCompletionRequest, SpeechRequest, decode_body
+from omni.kernel.sampling import Sampling
 from omni.models.registry import ModelInfo
 from test_api_support import png_data_url, wav_bytes
 
@@ -135,8 +136,8 @@ def test_chat_params_follow_the_kernel_contract():
     params = asyncio.run(chat_params(_state(), req))
     assert params["task"] == "chat" and params["voice"] == "Ethan"
     assert params["modalities"] == ["text", "audio"]
-    assert params["sampling"] == {"thinker": {"temperature": 0, "top_p": 0.9, "max_tokens": 7, "seed": 3},
-                                  "talker": {"temperature": 0.8, "top_k": 40}}
+    assert params["sampling"] == {"thinker": Sampling(temperature=0, top_p=0.9, max_tokens=7, seed=3),
+                                  "talker": Sampling(temperature=0.8, top_k=40)}
     system, user = params["messages"]
     assert system == {"role": "system", "content": "be brief"}  # a string stays one: the template decides (chat_template)
     text, audio, image = user["content"]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from omni.api.aliases import chats, completes
 from omni.api.errors import ApiError, bad_request, unknown_voice
 from omni.api.media import (
@@ -35,6 +37,8 @@ from omni.api.schemas import (
     TextPart,
     VoiceId,
 )
+
+from omni.kernel.sampling import Sampling, SamplingFields
 
 if TYPE_CHECKING:
     from omni.api.state import ServedModel, ServerState
@@ -83,22 +87,29 @@ def designs_voices(info) -> bool:
     return info.designs_voices
 
 
-def _sampling_dict(s: StageSampling) -> dict:
-    return {k: getattr(s, k) for k in s.__struct_fields__ if getattr(s, k) is not None}
-
-
-def stage_sampling(model: ServerState | ServedModel, base: dict, extra: dict[str, StageSampling] | None) -> dict:
-    """`{<the model's sampling_stage>: {...top-level fields}, "<stage>": {...}}`; unknown stage
-    names are a 400. A model without a sampling stage takes no top-level sampling fields."""
+def stage_sampling(model: ServerState | ServedModel, base: dict, extra: dict[str, StageSampling] | None
+                   ) -> dict[str, Sampling]:
+    """The request's sampling per stage: the top-level fields (`base`) for the model's
+    `sampling_stage`, then `stage_sampling`'s stages (their fields win); unknown stage names are a
+    400. A model without a sampling stage takes no top-level sampling fields."""
     key = model.info.sampling_stage
-    sampling = {key: dict(base)} if base and key else {}
+    sampling = {key: _typed(base)} if base and key else {}
     known = sorted(model.stage_names)
     for name, fields in (extra or {}).items():
         if name not in known:
             raise bad_request(f"stage_sampling names unknown stage {name!r}; stages: {known}",
                               param=f"stage_sampling.{name}", code="unknown_stage")
-        sampling.setdefault(name, {}).update(_sampling_dict(fields))
+        given = {f: v for f in fields.__struct_fields__ if (v := getattr(fields, f)) is not None}
+        sampling[name] = _typed({**(sampling[name].given() if name in sampling else {}), **given})
     return sampling
+
+
+def _typed(fields: dict) -> Sampling:
+    """Checked as the bus will check it (a value out of range is this 400, not a lost request)."""
+    try:
+        return msgspec.convert(fields, Sampling)
+    except msgspec.ValidationError as exc:
+        raise bad_request(f"invalid sampling: {exc}", code="invalid_value") from None
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -145,10 +156,8 @@ def sampling_fields(req: ChatCompletionRequest | CompletionRequest, max_tokens: 
                     logprobs: int | None = None) -> dict:
     """The request's top-level sampling fields (those set), for the model's sampling stage: the
     same for chat and text completions, so both draw from the one sampler alike."""
-    base = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
-            "repetition_penalty": req.repetition_penalty, "presence_penalty": req.presence_penalty,
-            "frequency_penalty": req.frequency_penalty, "logit_bias": _logit_bias(req.logit_bias), "seed": req.seed,
-            "max_tokens": max_tokens, "ignore_eos": req.ignore_eos, "logprobs": logprobs}
+    base = {name: getattr(req, name) for name in SamplingFields.__struct_fields__}
+    base.update(max_tokens=max_tokens, logit_bias=_logit_bias(req.logit_bias), logprobs=logprobs)
     return {k: v for k, v in base.items() if v is not None}
 
 

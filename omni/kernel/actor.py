@@ -114,9 +114,10 @@ class Actor:
                 if self.driver.is_dead(msg.rid) or msg.rid in self._opened:
                     return
                 self._opened[msg.rid] = set(msg.skip)
-                self.driver.post(Open(msg.rid, msg.params, inputs_expected(self.graph, self.spec.name, msg.skip)))
+                params = {**msg.params, "sampling": msg.sampling}  # the stage reads its own by name
+                self.driver.post(Open(msg.rid, params, inputs_expected(self.graph, self.spec.name, msg.skip)))
                 for dst in {e.dst for e in self._edges_of(msg.rid).values()} - {OUT}:
-                    self.outbox.send(replica_of(self.graph, dst, msg.rid), msg)
+                    self.outbox.send(replica_of(self.graph, dst, msg.rid), self._open_for(dst, msg))
             case m.RequestChunk():
                 data, tokens = self.readers.read(msg, frames)
                 edge = self.graph.edges[msg.edge]
@@ -141,6 +142,12 @@ class Actor:
                 self.mailbox.dropped += 1
                 log.warning("%s dropped an unexpected %s", self.name, type(msg).__name__)
         self._wake.set()
+
+    def _open_for(self, dst: str, msg: m.RequestOpen) -> m.RequestOpen:
+        """The Open `dst` gets: without the request's media unless it takes them."""
+        if self.graph.takes_media(dst) or not (media := set(self.graph.media) & msg.params.keys()):
+            return msg
+        return m.RequestOpen(msg.rid, {k: v for k, v in msg.params.items() if k not in media}, msg.skip, msg.sampling)
 
     # ---- credits and payload slots ----------------------------------------------------------
 

@@ -32,6 +32,7 @@ from omni.kernel.graph import Graph
 from omni.kernel.requests import InflightRequest, OutputEvent, RequestStream
 from omni.kernel.routing import Router, replica_of
 from omni.kernel.rundir import KERNEL, actor_name, endpoint, make_run_dir, new_instance_id, shm_owner
+from omni.kernel.sampling import split_sampling
 from omni.kernel.supervisor import ActorHandle, ActorState, Supervisor
 
 log = logging.getLogger("omni.kernel")
@@ -103,6 +104,7 @@ class Kernel:
         rid = rid or uuid.uuid4().hex
         if rid in self._inflight:
             raise ValueError(f"request id {rid!r} is already in flight")
+        params, sampling = split_sampling(params)
         try:
             route = self.router.route(params)
         except Exception as exc:  # a family's `needs` that cannot read these params: use every stage
@@ -116,7 +118,7 @@ class Kernel:
         if deadline_s is not None:
             request.deadline_handle = asyncio.get_running_loop().call_later(deadline_s, self._expire, rid, deadline_s)
         entry = replica_of(self.graph, self.graph.entry, rid)
-        if not (self._send(entry, m.RequestOpen(rid, params, route.skip))
+        if not (self._send(entry, m.RequestOpen(rid, params, route.skip, sampling))
                 and self._send(entry, m.RequestEnd(rid, ENTRY_EDGE))):
             self._finish(rid, StageFailed(f"stage {entry} is not reachable"))
         return RequestStream(self, request)

@@ -21,6 +21,7 @@ from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.kernel.registry import STAGES
 from omni.kernel.stage import Emit, Stage
 from omni.models.demo import KINDS
+from omni.stages.sampling import request_sampling
 
 DIM = 16
 VOCAB = "abcdefghijklmnopqrstuvwxyz .,!?"
@@ -113,8 +114,8 @@ class ToyGenerator(Stage):
         self.steps = 0
 
     def open(self, rid: str, params: dict[str, Any]) -> None:
-        sampling = params.get("sampling", {}).get(self.ctx.name) or {}
-        max_tokens = int(sampling.get("max_tokens", params.get("max_tokens", DEFAULT_MAX_TOKENS)))
+        given = request_sampling(params, self.ctx.name)
+        max_tokens = int(given.max_tokens if given and given.max_tokens else params.get("max_tokens", DEFAULT_MAX_TOKENS))
         if not 1 <= max_tokens <= 100_000:
             raise InvalidRequest(f"max_tokens must be in [1, 100000], got {max_tokens}")
         self.seqs[rid] = _Sequence(max_tokens)

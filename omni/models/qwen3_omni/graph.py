@@ -117,7 +117,7 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
             EdgeSpec("code2wav", "audio", OUT),
         ]
     graph = Graph(name=f"{FAMILY}-{variant}", stages=stages, edges=edges, entry="preprocess",
-                  needs="omni.models.qwen3_omni.request:needs")
+                  needs="omni.models.qwen3_omni.request:needs", media=["messages", "audio"])  # preprocess reads them
     graph.validate()
     info = ModelInfo(
         id=options.get("model_id") or Path(model_dir).name,

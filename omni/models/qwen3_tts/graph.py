@@ -94,12 +94,12 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     threads = int(options.get("threads") or max(1, (os.cpu_count() or 1) // (4 if base else 3)))
     sampling, predictor = talker_sampling(model_dir, tiny)
 
-    def stage(name: str, args: dict[str, Any]) -> StageSpec:
+    def stage(name: str, args: dict[str, Any], media: bool = False) -> StageSpec:
         args = {"model_dir": model_dir, **args, "threads": threads,
                 **({"dtype": dtype} if dtype and name != "preprocess" else {}),
                 **options.get("stage_args", {}).get(name, {})}
         return StageSpec(name, KINDS[name], args=args, device="cpu" if name == "preprocess" else device,
-                         capability=CAPABILITIES.get(name, ""))
+                         capability=CAPABILITIES.get(name, ""), media=media)
 
     stages = [
         stage("preprocess", {}),
@@ -114,11 +114,12 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         EdgeSpec("codec", "audio", OUT),
     ]
     if base:
-        stages.insert(1, stage("voice", {}))
+        stages.insert(1, stage("voice", {}, media=True))  # it reads the clip (voice_ref) or the voice (voice_prompt)
         edges += [EdgeSpec("preprocess", "voice", "voice", "voice"), EdgeSpec("voice", "voice", "talker", "voice"),
                   EdgeSpec("voice", "voice_prompt", OUT)]  # a voice's embedding + codes, for POST /v1/audio/voices
     graph = Graph(name=f"{FAMILY}-{cfg.kind}", stages=stages, edges=edges, entry="preprocess",
-                  needs="omni.models.qwen3_tts.graph:needs_base" if base else "omni.models.qwen3_tts.graph:needs")
+                  needs="omni.models.qwen3_tts.graph:needs_base" if base else "omni.models.qwen3_tts.graph:needs",
+                  media=["voice_ref", "voice_prompt"])
     graph.validate()
     info = ModelInfo(
         id=options.get("model_id") or Path(model_dir).name,

@@ -51,7 +51,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     decoder = StageSpec("decoder", DECODER_KIND, device=device, max_batch=max_seqs,
                         args={**common, "threads": dec_threads})
     graph = Graph(name="whisper", stages=[encoder, decoder],
-                  edges=[EdgeSpec("encoder", "windows", "decoder"), EdgeSpec("decoder", "text", OUT)])
+                  edges=[EdgeSpec("encoder", "windows", "decoder"), EdgeSpec("decoder", "text", OUT)],
+                  media=["audio"])  # the decoder gets windows, not the upload
     info = ModelInfo(id=options.get("model_id") or model_id(model_dir), family="whisper", transcribes=True,
                      sample_rate=16000, sampling_stage="decoder",
                      tasks=("transcribe", "translate") if cfg.multilingual else ("transcribe",), word_timestamps=True,
