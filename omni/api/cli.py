@@ -204,6 +204,8 @@ def load_model(args: argparse.Namespace):
             overrides.setdefault(stage, {}).update(fields)
         if overrides:
             apply_overrides(graph, overrides)
+            if entry.settle:  # what follows from the overridden args (e.g. the thinker's context)
+                resolve(entry.settle)(graph, info)
         if args.gpus:
             from omni.placement import parse_gpus, place
 

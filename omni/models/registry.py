@@ -64,13 +64,16 @@ class ModelInfo:
 
 @dataclass
 class FamilyEntry:
-    """`target`: "module:function", function(model_dir, variant, **options) -> (Graph, ModelInfo)."""
+    """`target`: "module:function", function(model_dir, variant, **options) -> (Graph, ModelInfo).
+    `settle`: "module:function", function(graph, info), run again once config files and `--set` have
+    changed the graph: what follows from one stage's final args into another's and into ModelInfo."""
     name: str
     target: str
     architectures: list[str] = field(default_factory=list)
     provider: str = "omni"
     tasks: list[str] = field(default_factory=list)  # what it serves: "chat", "speech", "transcribe"
     voices: list[str] = field(default_factory=list)
+    settle: str = ""
 
     def describe(self) -> str:
         extras = [", ".join(self.tasks)] if self.tasks else []
@@ -143,9 +146,10 @@ class Registry:
         self._provided.append(f"stage:{kind}")
 
     def register_family(self, name: str, target: str, architectures: list[str] | tuple[str, ...] = (), *,
-                        tasks: list[str] | tuple[str, ...] = (), voices: list[str] | tuple[str, ...] = ()) -> None:
+                        tasks: list[str] | tuple[str, ...] = (), voices: list[str] | tuple[str, ...] = (),
+                        settle: str = "") -> None:
         entry = self.families[name] = FamilyEntry(name, target, list(architectures), self._provider, list(tasks),
-                                                  list(voices))
+                                                  list(voices), settle)
         self._provided.append(entry.describe())
 
     def register_command(self, name: str, target: str, help: str = "") -> None:

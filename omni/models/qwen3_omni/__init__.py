@@ -15,6 +15,6 @@ def register(registry) -> None:
 
     register_stages(registry)  # the stage kinds, each with its typed args
     registry.register_family("qwen3-omni", "omni.models.qwen3_omni.graph:build",
-                             ["Qwen3OmniMoeForConditionalGeneration"])
+                             ["Qwen3OmniMoeForConditionalGeneration"], settle="omni.models.qwen3_omni.graph:settle")
     registry.register_tiny("qwen3-omni", "omni.models.qwen3_omni.checkpoint.make_tiny:main")
     registry.register_default("qwen3-omni", "omni.models.qwen3_omni.checkpoint.embedded:embedded_model")

@@ -71,7 +71,7 @@ class TalkerStage(CodecLMStage):
         if model is None:
             if not args.model_dir and args.model_factory is not None:
                 return super().build_model()
-            model = load_part(TalkerModel, vars(args), self.ctx.device, random=partial(random_part, "talker"),
+            model = load_part(TalkerModel, args, self.ctx.device, random=partial(random_part, "talker"),
                               default_dtype="float32")
         return model
 

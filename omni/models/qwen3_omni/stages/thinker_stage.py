@@ -77,7 +77,7 @@ class ThinkerStage(ARStage):
             return args.model
         if not args.model_dir:
             return super().build_model()
-        return load_part(Qwen3OmniThinker, vars(args), self.ctx.device, random=partial(random_part, "thinker"),
+        return load_part(Qwen3OmniThinker, args, self.ctx.device, random=partial(random_part, "thinker"),
                          default_dtype="float32")
 
     def _tensor_parallel_model(self):
@@ -91,7 +91,7 @@ class ThinkerStage(ARStage):
         size = config.tensor_parallel_size
         recipe = ShardRecipe("omni.models.qwen3_omni.modules.thinker_tp:build_shard", {
             "model_dir": str(args.model_dir), "dtype": args.dtype,
-            "load_format": load_format(vars(args)), "seed": args.seed})
+            "load_format": load_format(args), "seed": args.seed})
         cache = CacheRecipe(config.num_blocks, config.block_size, config.dtype, config.attention_backend)
         return TensorParallelModel.launch(recipe, size, rank_devices(self.ctx.device, size), cache)
 

@@ -48,7 +48,7 @@ class TTSTalkerStage(CodecLMStage):
         model = self.ctx.args.model
         if isinstance(model, TTSTalkerModel):
             return model
-        return load_part(TTSTalkerModel, vars(self.ctx.args), self.ctx.device, default_dtype="float32")
+        return load_part(TTSTalkerModel, self.ctx.args, self.ctx.device, default_dtype="float32")
 
     def engine_ready(self) -> None:
         self.model = self.engine.model
