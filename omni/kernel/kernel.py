@@ -121,7 +121,7 @@ class Kernel:
         if not (self._send(entry, m.RequestOpen(rid, params, route.skip, sampling))
                 and self._send(entry, m.RequestEnd(rid, ENTRY_EDGE))):
             self._finish(rid, StageFailed(f"stage {entry} is not reachable"))
-        return RequestStream(self, request)
+        return RequestStream(request, self.cancel)
 
     async def cancel(self, rid: str, reason: str = "cancelled by the client") -> None:
         if rid in self._inflight:

@@ -141,7 +141,8 @@ class Registry:
         self.stages.stage_args = table
 
     def register_stage(self, kind: str, target: str, args: str | None = None) -> None:
-        """See StageKinds.register_stage."""
+        """See StageKinds.register_stage: the one call by which a family (omni's or a plugin's)
+        adds a stage kind, named "<family>.<stage>"."""
         self.stages.register_stage(kind, target, args)
         self._provided.append(f"stage:{kind}")
 

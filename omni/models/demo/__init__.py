@@ -1,7 +1,7 @@
 """The demo family: the weightless toy pipeline of `stages.py` (encoder -> generator -> vocoder),
 served by `omnid serve --model demo` and used by the kernel's tests (`stages.demo_graph`)."""
 
-# its stage kinds, named once: registered here, and by stages.py into the kernel's table on import
+# its stage kinds, named once and registered here (stages.py loads the registry, so the kernel's table has them)
 KINDS = {"demo.encoder": "omni.models.demo.stages:ToyEncoder", "demo.generator": "omni.models.demo.stages:ToyGenerator",
          "demo.vocoder": "omni.models.demo.stages:ToyVocoder"}
 

@@ -18,9 +18,8 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
-from omni.kernel.registry import STAGES
 from omni.kernel.stage import Emit, Stage
-from omni.models.demo import KINDS
+import omni.models.registry  # noqa: F401  (registers the demo's kinds, the one way, in the kernel's table)
 from omni.stages.sampling import request_sampling
 
 DIM = 16
@@ -234,11 +233,6 @@ def synthesize(frames: np.ndarray, first_index: int) -> np.ndarray:
         freq = 110.0 + 10.0 * float(frame.sum() % 64)
         out.append(0.2 * np.sin(2 * np.pi * freq * (t + (first_index + i) * SAMPLES_PER_FRAME / SAMPLE_RATE)))
     return np.concatenate(out).astype(np.float32)
-
-
-# The family's one table of kinds (omni/models/demo/__init__.py), put in the kernel's table on import
-# as well, so the kernel's tests and a library-mode user (README) run the demo with no model registry.
-STAGES.add({"kinds": KINDS})
 
 
 def demo_graph(**stage_args: dict[str, Any]) -> Graph:

@@ -27,17 +27,11 @@ from typing import Any
 from omni.kernel.errors import GraphError
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.models.registry import ModelInfo
-from omni.models.qwen3_tts.checkpoint.make_tiny import TINY_MARKER
 from omni.layers.openai_voices import openai_voices
-from omni.models.qwen3_tts.config import load_config
+from omni.models.qwen3_tts.config import TINY_MARKER, load_config
 
 FAMILY = "qwen3-tts"
-KINDS = {
-    "preprocess": "qwen3_tts_preprocess",
-    "voice": "qwen3_tts_voice",
-    "talker": "qwen3_tts_talker",
-    "codec": "qwen3_tts_codec",
-}
+KINDS = {name: f"{FAMILY}.{name}" for name in ("preprocess", "voice", "talker", "codec")}  # registered in __init__.py
 # what a stage serves alone (the kernel's routing skips the stages a request does not need)
 CAPABILITIES = {"voice": "voice_clone", "talker": "speech", "codec": "speech"}
 TINY_MAX_TOKENS = 64
