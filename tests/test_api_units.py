@@ -19,7 +19,7 @@ from omni.api.media import MediaLimits, decode_audio_bytes, parse_image_url
 from omni.api.params import chat_params, speech_params
 from omni.api.routes_audio import SpeedChanger
 from omni.api.schemas import ChatCompletionRequest, SpeechRequest, decode_body
-from omni.kernel.sampling import Sampling
+from omni.sampling import Sampling
 from omni.models.registry import ModelInfo
 from test_api_support import png_data_url, wav_bytes
 

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from omni.kernel.errors import InvalidRequest  # noqa: E402
 from omni.kernel.stage import StageContext  # noqa: E402
-from omni.kernel.sampling import Sampling  # noqa: E402
+from omni.sampling import Sampling  # noqa: E402
 from omni.stages.ar.block_manager import BlockManager  # noqa: E402
 from omni.stages.ar.config import EngineConfig, EngineConfigError  # noqa: E402
 from omni.stages.ar.engine import AREngine  # noqa: E402

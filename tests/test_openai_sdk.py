@@ -15,7 +15,7 @@ import requests
 
 from omni.api.choices import choice_params
 from omni.api.voice_names import OPENAI_VOICES
-from omni.kernel.sampling import Sampling
+from omni.sampling import Sampling
 from test_api_support import LiveServer
 
 MODEL = "omni-demo"

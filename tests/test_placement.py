@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 
-from omni.kernel.channels import Readers, channel_of
+from omni.transport.channels import Readers, channel_of
 from omni.kernel.errors import GraphError
 from omni.gpu_env import MULTICAST_OFF, keep_multicast_off
 from omni.config import apply_overrides

@@ -38,7 +38,7 @@ from omni.api.schemas import (
     VoiceId,
 )
 
-from omni.kernel.sampling import Sampling, SamplingFields
+from omni.sampling import Sampling, SamplingFields
 
 if TYPE_CHECKING:
     from omni.api.state import ServedModel, ServerState

@@ -10,7 +10,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from omni.api.errors import ApiError
-from omni.kernel.sampling import MaxTokens, SamplingFields
+from omni.sampling import MaxTokens, SamplingFields
 
 LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=1024)]
 ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus", "aac"]

@@ -25,15 +25,15 @@ from typing import Any
 
 from omni.kernel import messages as m
 from omni.kernel.bus import Mailbox, Outbox
-from omni.kernel.channels import Readers, release_leftovers
 from omni.kernel.errors import (DeadlineExceeded, GraphError, KernelClosed, OmniError, Overloaded, RequestCancelled,
                                 StageDown, StageFailed, StageStartError, error_from_kind)
 from omni.kernel.graph import Graph
 from omni.kernel.requests import InflightRequest, OutputEvent, RequestStream
 from omni.kernel.routing import Router, replica_of
 from omni.kernel.rundir import KERNEL, actor_name, endpoint, make_run_dir, new_instance_id, shm_owner
-from omni.kernel.sampling import split_sampling
 from omni.kernel.supervisor import ActorHandle, ActorState, Supervisor
+from omni.sampling import split_sampling
+from omni.transport.channels import Readers, release_leftovers
 
 log = logging.getLogger("omni.kernel")
 
@@ -253,3 +253,4 @@ class Kernel:
 
     def _send(self, name: str, msg: m.Msg) -> bool:
         return self.outbox.send(name, msg)
+

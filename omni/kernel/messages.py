@@ -12,7 +12,7 @@ from typing import Any, Union
 
 import msgspec
 
-from omni.kernel.sampling import Sampling
+from omni.sampling import Sampling
 
 
 class PayloadDesc(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

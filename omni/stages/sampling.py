@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from omni.kernel.errors import InvalidRequest
-from omni.kernel.sampling import Sampling
+from omni.sampling import Sampling
 from omni.stages.ar.sequence import SamplingParams
 
 

@@ -1,4 +1,5 @@
-"""A request's sampling for one stage, its fields written once.
+"""A request's sampling for one stage, its fields written once (a contract the API, the bus and the
+stages share; the kernel carries it but runs none of it, so it lives beside the kernel, not in it).
 
 `SamplingFields` are what a client may set (OpenAI's ranges): the API's request bodies take them
 at the top level and in `stage_sampling` (so their OpenAPI schema comes from here too). `Sampling`
