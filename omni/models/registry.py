@@ -62,6 +62,15 @@ class ModelInfo:
     openai_voices: dict[str, str] = field(default_factory=dict)  # OpenAI voice name -> its speaker (config.json)
 
 
+def check_info(graph: Any, info: ModelInfo) -> None:
+    """What ModelInfo says of its graph holds: the stage a request's top-level sampling goes to is
+    one of the graph's (checked, where it was agreed by hand)."""
+    names = [spec.name for spec in graph.stages]
+    if info.sampling_stage is not None and info.sampling_stage not in names:
+        raise ValueError(f"model {info.id!r}: sampling_stage {info.sampling_stage!r} is not a stage of its graph "
+                         f"{names}")
+
+
 @dataclass
 class FamilyEntry:
     """`target`: "module:function", function(model_dir, variant, **options) -> (Graph, ModelInfo).
