@@ -17,7 +17,6 @@ from typing import Any
 
 from omni.kernel.graph import OUT, EdgeSpec, Graph
 from omni.kernel.messages import PayloadDesc, RequestChunk
-from omni.transport.arrays import is_array
 
 INLINE_MAX_BYTES = 16 << 10  # smaller arrays ride as zmq frames whatever an "auto" edge's channel
 CHANNELS: dict[str, str] = {
