@@ -31,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from omni.kernel.channels import ChannelFull  # noqa: E402
+from omni.transport.channels import ChannelFull  # noqa: E402
 from omni.kernel.messages import RequestChunk, decode, encode  # noqa: E402
 from omni.transport.shm import ShmChannel, unlink_prefix  # noqa: E402
 from report import machine, md_table, write  # noqa: E402

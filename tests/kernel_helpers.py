@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from omni.kernel.kernel import Kernel
-from omni.kernel.stage import Emit
-from omni.stages.demo import demo_graph
+from omni.kernel.stage import Emit, Stage
+from omni.models.demo.stages import demo_graph
 
 
 def graph(channel: str = "auto", **stage_args: dict[str, Any]):
@@ -54,3 +54,33 @@ def unbatched(emits: list[Emit]) -> list[Emit]:
         for i, rid in enumerate(e.rows):
             out.append(Emit(rid, e.port, {k: v[i:i + 1] if hasattr(v, "shape") else v for k, v in e.data.items()}))
     return out
+
+
+class ParamsProbe(Stage):
+    """Tells what its Open held: the params keys and, per stage, the type of its sampling; the
+    entry also opens the next stage (`next` port)."""
+
+    def open(self, rid: str, params: dict[str, Any]) -> None:
+        self.seen = {"stage": self.ctx.name, "keys": sorted(params),
+                     "sampling": {k: type(v).__name__ for k, v in params.get("sampling", {}).items()}}
+        self.rid = rid
+
+    def close_input(self, rid: str) -> None:
+        self.done = [Emit(rid, "seen", self.seen), Emit(rid, "next", {"go": 1}), Emit(rid, finish=True)]
+
+    def has_work(self) -> bool:
+        return bool(getattr(self, "done", None))
+
+    def step(self) -> list[Emit]:
+        done, self.done = self.done, []
+        return done
+
+
+def probe_graph(media: bool = False):
+    """entry -> later, each telling what its Open held; `media`: later takes the media too."""
+    from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
+
+    return Graph("probe", [StageSpec("entry", "kernel_helpers:ParamsProbe"),
+                           StageSpec("later", "kernel_helpers:ParamsProbe", media=media)],
+                 [EdgeSpec("entry", "next", "later"), EdgeSpec("entry", "seen", OUT), EdgeSpec("later", "seen", OUT)],
+                 media=["blob"])

@@ -12,7 +12,7 @@ import pytest
 import requests
 import soundfile as sf
 
-from omni.stages.demo import SAMPLES_PER_FRAME
+from omni.models.demo.stages import SAMPLES_PER_FRAME
 from test_api_support import LiveServer, png_data_url, wav_bytes
 
 MODEL = "omni-demo"

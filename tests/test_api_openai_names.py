@@ -65,8 +65,7 @@ def test_models_do_not_claim_a_side_models_transcriptions():
     from omni.api.routes_info import _model_card
 
     main = ModelInfo(id="tiny-omni", family="qwen3-omni", speaks=True, transcribes=True, random_weights=True)
-    whisper = ModelInfo(id="whisper-tiny.en", family="whisper", transcribes=True,
-                        extra={"tasks": ["transcribe"]})
+    whisper = ModelInfo(id="whisper-tiny.en", family="whisper", transcribes=True, tasks=("transcribe",))
     state = ServerState(None, main, [], ServerConfig(), extra_models=[ServedModel(None, whisper, [])])
     assert _model_card(state, "tiny-omni")["transcribes"] is False
     assert _model_card(state, "whisper-tiny.en")["transcribes"] is True

@@ -19,6 +19,7 @@ from omni.api.media import MediaLimits, decode_audio_bytes, parse_image_url
 from omni.api.params import chat_params, speech_params
 from omni.api.routes_audio import SpeedChanger
 from omni.api.schemas import ChatCompletionRequest, SpeechRequest, decode_body
+from omni.sampling import Sampling
 from omni.models.registry import ModelInfo
 from test_api_support import png_data_url, wav_bytes
 
@@ -135,8 +136,8 @@ def test_chat_params_follow_the_kernel_contract():
     params = asyncio.run(chat_params(_state(), req))
     assert params["task"] == "chat" and params["voice"] == "Ethan"
     assert params["modalities"] == ["text", "audio"]
-    assert params["sampling"] == {"thinker": {"temperature": 0, "top_p": 0.9, "max_tokens": 7, "seed": 3},
-                                  "talker": {"temperature": 0.8, "top_k": 40}}
+    assert params["sampling"] == {"thinker": Sampling(temperature=0, top_p=0.9, max_tokens=7, seed=3),
+                                  "talker": Sampling(temperature=0.8, top_k=40)}
     system, user = params["messages"]
     assert system == {"role": "system", "content": "be brief"}  # a string stays one: the template decides (chat_template)
     text, audio, image = user["content"]
@@ -172,10 +173,10 @@ def test_a_checkpoint_overrides_the_voice_table_and_voice_design_describes_the_v
 
     (tmp_path / "config.json").write_text('{"omni_openai_voices": {"alloy": "ethan"}}')
     state = _state()
-    state.info.extra["openai_voices"] = openai_voices(tmp_path)
+    state.info.openai_voices = openai_voices(tmp_path)
     req = decode_body(b'{"model": "m", "input": "hi", "voice": "alloy"}', SpeechRequest)
     assert speech_params(state, req)["voice"] == "Ethan"
-    state.info.voices, state.info.extra = [], {"designs_voices": True, "instructions": True}
+    state.info.voices, state.info.designs_voices, state.info.instructions = [], True, True
     assert speech_params(state, req)["instructions"] == voice_description("alloy")  # none sent: the row's words
     told = decode_body(b'{"model": "m", "input": "hi", "voice": "alloy", "instructions": "a pirate"}', SpeechRequest)
     assert speech_params(state, told)["instructions"] == "a pirate"  # sent: they describe the voice

@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from omni.kernel.errors import InvalidRequest  # noqa: E402
 from omni.kernel.stage import StageContext  # noqa: E402
+from omni.sampling import Sampling  # noqa: E402
 from omni.stages.ar.block_manager import BlockManager  # noqa: E402
 from omni.stages.ar.config import EngineConfig, EngineConfigError  # noqa: E402
 from omni.stages.ar.engine import AREngine  # noqa: E402
@@ -341,14 +342,14 @@ def test_ar_stage_emits_tokens_hidden_and_finish(models, prompts, reference):
     )
     stage = ARStage(ctx)
     stage.setup()
-    stage.open("a", {"temperature": 0.0, "max_tokens": 12})
+    stage.open("a", {"sampling": {"llm": {"temperature": 0.0, "max_tokens": 12}}})
     stage.feed("a", "tokens", {"token_ids": prompts[0][:2]})
     stage.feed("a", "tokens", {"token_ids": prompts[0][2:]})
     assert not stage.has_work()
     stage.close_input("a")
-    stage.open("bad", {"temperature": -1})
+    stage.open("bad", {"sampling": {"llm": {"temperature": -1}}})
     stage.close_input("bad")
-    stage.open("gone", {"temperature": 0.0, "max_tokens": 12})
+    stage.open("gone", {"sampling": {"llm": {"temperature": 0.0, "max_tokens": 12}}})
     stage.feed("gone", "tokens", {"token_ids": prompts[1]})
     stage.close_input("gone")
     tokens, hidden, finished, errors = [], [], [], []
@@ -377,15 +378,17 @@ def test_ar_stage_emits_tokens_hidden_and_finish(models, prompts, reference):
 
 
 def test_ar_stage_sampling_from_params(models):
-    class ThinkerLike(ARStage):
-        sampling_key = "thinker"
-
-    stage = ThinkerLike(StageContext(name="x", args={"model_factory": lambda ctx: HFAdapter(models[1]),
-                                                    "default_sampling": {"max_tokens": 3, "top_k": 5}}))
+    """A stage reads the sampling set for its own name (typed, as the bus carries it, or plain
+    dicts in-process) over its defaults; top-level keys and other stages' tables are not its own."""
+    stage = ARStage(StageContext(name="thinker", args={"model_factory": lambda ctx: HFAdapter(models[1]),
+                                                      "default_sampling": {"max_tokens": 3, "top_k": 5}}))
     sp = stage.sampling_params({"temperature": 9.0, "sampling": {"thinker": {"temperature": 0.0}, "talker": {"top_k": 1}}})
     assert (sp.temperature, sp.top_k, sp.max_tokens) == (0.0, 5, 3)
-    plain = ARStage(StageContext(name="y")).sampling_params({"temperature": 0.5, "seed": 3})
-    assert (plain.temperature, plain.seed) == (0.5, 3)
+    typed = stage.sampling_params({"sampling": {"thinker": Sampling(seed=3, logit_bias={7: 1.5})}})
+    assert (typed.seed, typed.logit_bias, typed.max_tokens) == (3, ((7, 1.5),), 3)
+    assert ARStage(StageContext(name="y")).sampling_params({"temperature": 0.5}).temperature == 1.0
+    with pytest.raises(InvalidRequest, match="temperature"):
+        stage.sampling_params({"sampling": {"thinker": {"temperature": -1}}})
 
 
 def test_no_work_while_parked_sequences_hold_the_blocks(models, prompts, reference):

@@ -160,3 +160,19 @@ def test_bad_allowed_origins_is_one_line():
     proc = omnid("serve", "--model", "demo", "--port", "0", "--allowed-origins", "[not json")
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "--allowed-origins is not a JSON list" in err
+
+
+def test_set_thinker_max_model_len_bounds_the_prompt_and_the_model_card(tmp_path):
+    """#27: `--set thinker.args.max_model_len=N` is the one setting of the thinker's context: the
+    preprocess stage's prompt bound and ModelInfo.max_context follow it."""
+    from omni.kernel.graph import stage_args
+    from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+
+    tiny = make_tiny(tmp_path / "tiny", seed=0, preset="tiny-a")
+    default_graph, default_info = load_model(build_parser().parse_args(["serve", "--model", str(tiny)]))
+    assert default_info.max_context == stage_args(default_graph.stage("thinker")).max_model_len
+    graph, info = load_model(build_parser().parse_args(["serve", "--model", str(tiny), "--set",
+                                                        "thinker.args.max_model_len=512"]))
+    assert stage_args(graph.stage("thinker")).max_model_len == 512
+    assert stage_args(graph.stage("preprocess")).max_prompt_tokens == 512
+    assert info.max_context == 512

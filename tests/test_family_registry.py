@@ -205,3 +205,15 @@ def test_one_main_default(new_family):
         new_family.register_default("newfam", "fams_under_test.newfam.tiny:main")
     new_family.register_default("newfam", "fams_under_test.newfam.tiny:main", beside=True)
     assert [(d.family, d.beside) for d in new_family.defaults][-1] == ("newfam", True)
+
+
+def test_model_info_names_a_stage_of_its_graph():
+    """A family's `sampling_stage` must be one of its graph's stages (it was agreed by hand)."""
+    from omni.models.demo.graph import build_demo
+    from omni.models.registry import check_info
+
+    graph, info = build_demo()
+    check_info(graph, info)
+    info.sampling_stage = "thinker"
+    with pytest.raises(ValueError, match="sampling_stage 'thinker' is not a stage"):
+        check_info(graph, info)

@@ -7,7 +7,7 @@ import pytest
 from omni.kernel.errors import GraphError
 from omni.config import apply_overrides, load_override_file, parse_set_flags
 from omni.kernel.graph import EdgeSpec, Graph, StageSpec
-from omni.stages.demo import demo_graph
+from omni.models.demo.stages import demo_graph
 
 
 def test_set_flags_are_typed():

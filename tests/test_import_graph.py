@@ -154,3 +154,14 @@ def test_both_qwen_families_share_one_talker_and_codec():
         used = set().union(*(t for m, t in top.items() if _family(m) == family))
         assert {"omni.stages.codec_lm.model", "omni.stages.codec_lm.stage",
                 "omni.layers.codec.wave_decoder"} <= used, family
+
+
+def test_the_two_circles_stay_broken():
+    """#27: the request stream knows nothing of the kernel (not even for type hints), and Qwen3-TTS's
+    runtime modules import nothing of its checkpoint writers, lazily or not."""
+    top, lazy = import_graph()
+    assert "omni.kernel.kernel" not in (PACKAGE / "kernel" / "requests.py").read_text()
+    writers = "omni.models.qwen3_tts.checkpoint"
+    offenders = sorted(f"{m} -> {t}" for m in top for t in top[m] | lazy[m]
+                       if m.startswith("omni.models.qwen3_tts.") and not m.startswith(writers) and t.startswith(writers))
+    assert not offenders, "a runtime module imports a checkpoint writer:\n" + "\n".join(offenders)

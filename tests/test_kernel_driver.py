@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from omni.kernel.driver import Chunk, End, Open, StageDriver
-from omni.stages.demo import demo_graph
+from omni.models.demo.stages import demo_graph
 
 
 def _encoder() -> StageDriver:

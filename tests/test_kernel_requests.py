@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zmq
 
-from kernel_helpers import graph, run_one, shm_segments, summarize
+from kernel_helpers import graph, probe_graph, run_one, shm_segments, summarize
 from omni.kernel.errors import DeadlineExceeded, InvalidRequest, Overloaded, RequestCancelled
 from omni.kernel.kernel import Kernel
 from omni.kernel.rundir import endpoint
@@ -184,3 +184,39 @@ def test_a_final_edge_delivers_its_chunks_only_once_the_producer_finishes(mode):
     assert ports.count("text") == 16
     streamed_ports = [e.port for e in streamed if not e.final]
     assert streamed_ports.index("text") < streamed_ports.index("audio")
+
+
+@pytest.mark.parametrize("media", [False, True])
+def test_media_reach_only_the_stages_that_take_them_and_sampling_arrives_typed(media):
+    """The entry's Open holds the request whole; a later stage gets the media keys only when it
+    takes media. Each stage's sampling arrives as the typed `Sampling` the kernel checked."""
+    async def main():
+        async with Kernel(probe_graph(media), mode="inline") as kernel:
+            params = {"blob": b"\0" * 4096, "task": "x", "sampling": {"later": {"temperature": 0.5}}}
+            return await kernel.submit(params).collect()
+
+    seen = {e.data["stage"]: e.data for e in asyncio.run(main()) if e.port == "seen"}
+    assert seen["entry"]["keys"] == ["blob", "sampling", "task"]
+    assert seen["later"]["keys"] == (["blob", "sampling", "task"] if media else ["sampling", "task"])
+    assert seen["later"]["sampling"] == seen["entry"]["sampling"] == {"later": "Sampling"}
+
+
+def test_a_media_stage_opened_by_one_without_media_is_refused():
+    from omni.kernel.errors import GraphError
+
+    g = probe_graph(media=True)
+    g.stages.append(type(g.stages[0])("last", "kernel_helpers:ParamsProbe", media=True))
+    g.edges.append(type(g.edges[0])("later", "next", "last"))
+    g.stages[1].media = False
+    with pytest.raises(GraphError, match="takes media"):
+        g.validate()
+
+
+def test_bad_sampling_from_a_library_caller_is_refused_before_it_runs():
+    async def main():
+        async with Kernel(graph(), mode="inline") as kernel:
+            with pytest.raises(InvalidRequest, match="temperature"):
+                kernel.submit({"prompt": "x", "sampling": {"generator": {"temperature": -1}}})
+            assert kernel.inflight == 0
+
+    asyncio.run(main())

@@ -13,13 +13,15 @@ import pytest
 
 from omni.kernel import messages as m
 from omni.kernel.graph import EdgeSpec
-from omni.stages.demo import demo_graph
+from omni.models.demo.stages import demo_graph
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "omni" / "kernel"
-# #15, #27: the kernel in one sitting, under 1,420 lines of code, counted as cloc counts them (blank
-# lines, comments and docstrings apart); its physical lines are held where they are too.
-CODE_LINE_BUDGET = 1420
-PHYSICAL_LINE_BUDGET = 2150
+# #15, #27: the kernel in one sitting, under 1,360 lines of code, counted as cloc counts them (blank
+# lines, comments and docstrings apart); its physical lines are held where they are too. What is not
+# the kernel's own lives beside it: the payload channels (omni/transport/channels.py) and the
+# request's sampling contract (omni/sampling.py).
+CODE_LINE_BUDGET = 1360
+PHYSICAL_LINE_BUDGET = 1950
 
 
 def test_kernel_imports_neither_torch_nor_aiohttp():

@@ -15,6 +15,7 @@ import requests
 
 from omni.api.choices import choice_params
 from omni.api.voice_names import OPENAI_VOICES
+from omni.sampling import Sampling
 from test_api_support import LiveServer
 
 MODEL = "omni-demo"
@@ -83,10 +84,10 @@ def test_streamed_completion_and_chat_n_choices_by_index(server, client):
 
 
 def test_each_choice_of_a_seeded_request_gets_its_own_seed():
-    params = {"task": "chat", "sampling": {"thinker": {"seed": 7, "temperature": 1.0}, "talker": {}}}
+    params = {"task": "chat", "sampling": {"thinker": Sampling(seed=7, temperature=1.0), "talker": Sampling()}}
     assert choice_params(params, 0, "thinker") is params
     second = choice_params(params, 2, "thinker")
-    assert second["sampling"]["thinker"] == {"seed": 9, "temperature": 1.0} and params["sampling"]["thinker"]["seed"] == 7
+    assert second["sampling"]["thinker"] == Sampling(seed=9, temperature=1.0) and params["sampling"]["thinker"].seed == 7
 
 
 def test_a_stage_refusal_reaches_the_client_in_its_own_terms(client):

@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 
-from omni.kernel.channels import Readers, channel_of
+from omni.transport.channels import Readers, channel_of
 from omni.kernel.errors import GraphError
 from omni.gpu_env import MULTICAST_OFF, keep_multicast_off
 from omni.config import apply_overrides
@@ -111,7 +111,7 @@ def test_an_edge_uses_cuda_ipc_only_when_every_replica_of_both_ends_is_on_a_gpu(
 def test_each_replica_gets_its_device_and_its_readers_copy_there():
     from omni.kernel.driver import StageDriver
 
-    graph = Graph("g", [StageSpec("s", "omni.stages.demo:Generator", replicas=2, devices=["cpu", "cuda:1"])],
+    graph = Graph("g", [StageSpec("s", "omni.models.demo.stages:ToyGenerator", replicas=2, devices=["cpu", "cuda:1"])],
                   [EdgeSpec("s", "text", OUT)])
     assert [StageDriver(graph, "s", r).ctx.device for r in range(2)] == ["cpu", "cuda:1"]
     assert Readers("cuda:1").get("cuda_ipc").device == "cuda:1"

@@ -401,6 +401,6 @@ def test_graph_per_kind(tmp_path, kind):
     assert graph.stage("codec").args["first_chunk_frames"] == 3
     talker = graph.stage("talker").args
     assert talker["default_sampling"]["temperature"] == 0.9 and talker["default_sampling"]["max_tokens"] == 64
-    assert info.speaks and info.random_weights and info.extra["instructions"] == (kind != "base")
+    assert info.speaks and info.random_weights and info.instructions == (kind != "base")
     assert info.voices == (["vivian", "serena", "eric"] if kind == "custom_voice" else [])
-    assert info.extra["clones_voices"] == (kind == "base")
+    assert info.clones_voices == (kind == "base")

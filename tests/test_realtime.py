@@ -368,7 +368,7 @@ def test_eight_concurrent_sessions_and_the_ga_dialect(server):
 
 @pytest.fixture(scope="module")
 def deaf_server():
-    with LiveServer(mode="inline", info_changes={"transcribes": True, "extra": {"audio_input": False}}) as srv:
+    with LiveServer(mode="inline", info_changes={"transcribes": True, "audio_input": False}) as srv:
         yield srv
 
 

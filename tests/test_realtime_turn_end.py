@@ -150,4 +150,4 @@ def test_turn_detection_settings_parse_render_and_refuse(deaf_server_state):
 def deaf_server_state():
     """What SessionConfig reads of a server to parse turn detection: a model that neither speaks nor
     names a default length (no engine, no voices)."""
-    return SimpleNamespace(info=SimpleNamespace(id="omni-demo", speaks=False, extra={}))
+    return SimpleNamespace(info=SimpleNamespace(id="omni-demo", speaks=False, default_max_tokens=None))

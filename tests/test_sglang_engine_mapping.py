@@ -174,8 +174,8 @@ def test_stage_turns_engine_errors_into_request_errors(fake_sglang, tmp_path):
     try:
         assert isinstance(stage.engine, sglang_backend.SGLangEngine)
         assert stage.engine._sgl.kwargs["mem_fraction_static"] == 0.7
-        stage.open("r1", {"prompt_token_ids": [3, 999], "max_tokens": 2})
-        stage.open("r2", {"prompt_token_ids": [3, 4], "max_tokens": 2, "temperature": 0.0})
+        stage.open("r1", {"prompt_token_ids": [3, 999], "sampling": {"lm": {"max_tokens": 2}}})
+        stage.open("r2", {"prompt_token_ids": [3, 4], "sampling": {"lm": {"max_tokens": 2, "temperature": 0.0}}})
         emits = []
         for _ in range(500):
             emits += stage.step()

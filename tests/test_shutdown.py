@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from omni.kernel.kernel import Kernel
-from omni.stages.demo import demo_graph
+from omni.models.demo.stages import demo_graph
 from test_api_cli import alive, omnid, read_until_listening
 
 MODEL = "omni-demo"

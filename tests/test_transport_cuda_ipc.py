@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from omni.kernel.channels import ChannelFull, load_channel
+from omni.transport.channels import ChannelFull, load_channel
 from omni.kernel.messages import RequestChunk, encode
 from omni.transport.cuda_ipc import CudaIpcChannel, unlink_process_leftovers
 from omni.transport.shm import SHM_DIR, unlink_prefix

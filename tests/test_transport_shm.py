@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from omni.kernel.channels import ChannelFull, load_channel
+from omni.transport.channels import ChannelFull, load_channel
 from omni.kernel.messages import PayloadDesc, decode, encode, RequestChunk
 from omni.transport.arena import SlotAllocator
 from omni.transport.shm import SHM_DIR, ShmChannel, unlink_prefix

@@ -40,16 +40,16 @@ def alias_task(name: str) -> str | None:
 
 def chats(info) -> bool:
     """Whether a model answers /v1/chat/completions: a family that only speaks or transcribes says
-    so in `ModelInfo.extra["tasks"]` (no "chat" there), and is then never listed as a chat model."""
-    return CHAT in info.extra.get("tasks", (CHAT,))
+    so in `ModelInfo.tasks` (no "chat" there), and is then never listed as a chat model."""
+    return CHAT in info.tasks
 
 
 def completes(info) -> bool:
     """Whether a chat model also continues raw text (/v1/completions): its family says so with
-    `ModelInfo.extra["completions"]` (its entry stage takes the task "complete")."""
-    return chats(info) and bool(info.extra.get("completions"))
+    `ModelInfo.completions` (its entry stage takes the task "complete")."""
+    return chats(info) and info.completions
 
 
 def translates(info) -> bool:
     """Whether a model serves /v1/audio/translations (speech in any language -> English text)."""
-    return TRANSLATE in info.extra.get("tasks", ())
+    return TRANSLATE in info.tasks

@@ -12,6 +12,8 @@ import copy
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
+import msgspec
+
 from omni.api.generation import Collected, KernelRequest
 
 
@@ -20,10 +22,8 @@ def choice_params(params: dict, index: int, sampling_stage: str | None) -> dict:
     if index == 0:
         return params
     out = copy.copy(params)
-    out["sampling"] = {stage: dict(fields) for stage, fields in params.get("sampling", {}).items()}
-    for fields in out["sampling"].values():
-        if fields.get("seed") is not None:
-            fields["seed"] = fields["seed"] + index
+    out["sampling"] = {stage: fields if fields.seed is None else msgspec.structs.replace(fields, seed=fields.seed + index)
+                       for stage, fields in params.get("sampling", {}).items()}
     return out
 
 

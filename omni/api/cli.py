@@ -36,7 +36,7 @@ def cache_dir() -> Path:
 def embedded_default_model() -> tuple[str | None, str | None]:
     """(model_dir, family) served when no --model is given: the model of the family registered as
     the default (made once into the cache dir). `--model demo` serves the weightless demo instead."""
-    from omni.models.registry import REGISTRY, resolve
+    from omni.models.registry import REGISTRY, check_info, resolve
 
     entry = REGISTRY.default_model()
     if entry is None:
@@ -183,7 +183,7 @@ def select_model(args: argparse.Namespace, families) -> tuple[str | None, str | 
 def load_model(args: argparse.Namespace):
     """(graph, info) for --model DIR (or the embedded default), with --config / --set applied."""
     from omni.config import apply_overrides, load_override_file, parse_set_flags
-    from omni.models.registry import REGISTRY, resolve
+    from omni.models.registry import REGISTRY, check_info, resolve
 
     for report in REGISTRY.load_plugins():
         if not report.ok:
@@ -204,6 +204,9 @@ def load_model(args: argparse.Namespace):
             overrides.setdefault(stage, {}).update(fields)
         if overrides:
             apply_overrides(graph, overrides)
+            if entry.settle:  # what follows from the overridden args (e.g. the thinker's context)
+                resolve(entry.settle)(graph, info)
+        check_info(graph, info)
         if args.gpus:
             from omni.placement import parse_gpus, place
 
@@ -428,7 +431,7 @@ def embedded_extra_models(args: argparse.Namespace, info=None) -> list[tuple]:
     each family registered `beside` (a real transcriber) whose model is available here, whenever the
     main model cannot transcribe truthfully itself (it does not transcribe, or its weights are
     random), so that `whisper-1` never names noise. `--no-side-models`: none."""
-    from omni.models.registry import REGISTRY, resolve
+    from omni.models.registry import REGISTRY, check_info, resolve
 
     if getattr(args, "no_side_models", False) or (info is not None and info.transcribes and not info.random_weights):
         return []

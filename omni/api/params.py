@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from omni.api.aliases import chats, completes
 from omni.api.errors import ApiError, bad_request, unknown_voice
 from omni.api.media import (
@@ -35,6 +37,8 @@ from omni.api.schemas import (
     TextPart,
     VoiceId,
 )
+
+from omni.sampling import Sampling, SamplingFields
 
 if TYPE_CHECKING:
     from omni.api.state import ServedModel, ServerState
@@ -80,25 +84,32 @@ def resolve_voice(state: ServerState, voice: str | None, param: str) -> str | No
 
 def designs_voices(info) -> bool:
     """A model whose voice is described in `instructions`, not named (Qwen3-TTS VoiceDesign)."""
-    return bool(info.extra.get("designs_voices"))
+    return info.designs_voices
 
 
-def _sampling_dict(s: StageSampling) -> dict:
-    return {k: getattr(s, k) for k in s.__struct_fields__ if getattr(s, k) is not None}
-
-
-def stage_sampling(model: ServerState | ServedModel, base: dict, extra: dict[str, StageSampling] | None) -> dict:
-    """`{<the model's sampling_stage>: {...top-level fields}, "<stage>": {...}}`; unknown stage
-    names are a 400. A model without a sampling stage takes no top-level sampling fields."""
+def stage_sampling(model: ServerState | ServedModel, base: dict, extra: dict[str, StageSampling] | None
+                   ) -> dict[str, Sampling]:
+    """The request's sampling per stage: the top-level fields (`base`) for the model's
+    `sampling_stage`, then `stage_sampling`'s stages (their fields win); unknown stage names are a
+    400. A model without a sampling stage takes no top-level sampling fields."""
     key = model.info.sampling_stage
-    sampling = {key: dict(base)} if base and key else {}
+    sampling = {key: _typed(base)} if base and key else {}
     known = sorted(model.stage_names)
     for name, fields in (extra or {}).items():
         if name not in known:
             raise bad_request(f"stage_sampling names unknown stage {name!r}; stages: {known}",
                               param=f"stage_sampling.{name}", code="unknown_stage")
-        sampling.setdefault(name, {}).update(_sampling_dict(fields))
+        given = {f: v for f in fields.__struct_fields__ if (v := getattr(fields, f)) is not None}
+        sampling[name] = _typed({**(sampling[name].given() if name in sampling else {}), **given})
     return sampling
+
+
+def _typed(fields: dict) -> Sampling:
+    """Checked as the bus will check it (a value out of range is this 400, not a lost request)."""
+    try:
+        return msgspec.convert(fields, Sampling)
+    except msgspec.ValidationError as exc:
+        raise bad_request(f"invalid sampling: {exc}", code="invalid_value") from None
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -135,7 +146,7 @@ def logprobs_asked(state: ServerState, req: ChatCompletionRequest) -> int | None
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs", code="invalid_value")
     if not req.logprobs:
         return None
-    if not state.info.extra.get("logprobs"):
+    if not state.info.logprobs:
         raise bad_request(f"model {state.info.id!r} does not report log-probabilities", param="logprobs",
                           code="unsupported_parameter")
     return req.top_logprobs or 0
@@ -145,10 +156,8 @@ def sampling_fields(req: ChatCompletionRequest | CompletionRequest, max_tokens: 
                     logprobs: int | None = None) -> dict:
     """The request's top-level sampling fields (those set), for the model's sampling stage: the
     same for chat and text completions, so both draw from the one sampler alike."""
-    base = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
-            "repetition_penalty": req.repetition_penalty, "presence_penalty": req.presence_penalty,
-            "frequency_penalty": req.frequency_penalty, "logit_bias": _logit_bias(req.logit_bias), "seed": req.seed,
-            "max_tokens": max_tokens, "ignore_eos": req.ignore_eos, "logprobs": logprobs}
+    base = {name: getattr(req, name) for name in SamplingFields.__struct_fields__}
+    base.update(max_tokens=max_tokens, logit_bias=_logit_bias(req.logit_bias), logprobs=logprobs)
     return {k: v for k, v in base.items() if v is not None}
 
 
@@ -238,7 +247,7 @@ def speech_params(state: ServerState, req: SpeechRequest) -> dict:
     params = {"task": "speech", "input": req.input, "voice": voice, "speed": speed,
               "modalities": ["audio"], "messages": [],
               "sampling": stage_sampling(state, {}, req.stage_sampling)}
-    takes = state.info.extra.get("instructions")  # a model that takes instructions (or refuses them) says so
+    takes = state.info.instructions  # a model that takes instructions (or refuses them) says so
     if req.instructions and takes is False:
         raise bad_request(f"model {state.info.id!r} takes no instructions", param="instructions",
                           code="unsupported_value")
@@ -250,7 +259,7 @@ def speech_params(state: ServerState, req: SpeechRequest) -> dict:
 
 
 def model_applies_speed(state: ServerState) -> bool:
-    return bool(state.info.extra.get("applies_speed"))
+    return state.info.applies_speed
 
 
 def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language: str | None,
@@ -262,8 +271,8 @@ def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language
     served = state.transcriber(model, task)
     if served is None:
         route = "/v1/audio/translations" if task == "translate" else "/v1/audio/transcriptions"
-        why = [m.info.extra["no_translation_reason"] for m in state.served()
-               if task == "translate" and m.info.extra.get("no_translation_reason")]
+        why = [m.info.no_translation_reason for m in state.served()
+               if task == "translate" and m.info.no_translation_reason]
         raise bad_request(f"no loaded model serves {route} (model {state.info.id!r} does not"
                           + "".join(f"; {reason}" for reason in why) + ")",
                           code="translation_not_supported" if task == "translate" else "transcription_not_supported")
@@ -276,7 +285,7 @@ def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language
     if timestamps:
         params["timestamps"] = True
     if words:
-        if not served.info.extra.get("word_timestamps"):
+        if not served.info.word_timestamps:
             raise bad_request(f"model {served.info.id!r} does not time words", param="timestamp_granularities[]",
                               code="unsupported_value")
         params["word_timestamps"] = True

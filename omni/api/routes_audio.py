@@ -4,7 +4,7 @@ WAV (and FLAC) come whole, with true sizes in the header, unless the request say
 (audio_codec.py): every other format streams as it is made.
 
 `speed` is applied here by resampling the model's audio (soxr, streaming): faster speech is also
-higher-pitched, as on a tape. A model that sets `ModelInfo.extra["applies_speed"]` gets the speed
+higher-pitched, as on a tape. A model that sets `ModelInfo.applies_speed` gets the speed
 in its params instead and its audio passes through untouched.
 """
 

@@ -1,5 +1,5 @@
 """/v1/audio/voices: upload (POST), list (GET) and delete (DELETE /{id}) voices, and the `voice`
-request params of a model that clones them (`ModelInfo.extra["clones_voices"]`).
+request params of a model that clones them (`ModelInfo.clones_voices`).
 
 POST takes multipart (`audio_sample` file, `name`, optional `ref_text` and `consent`: vLLM-Omni's
 and OpenAI's field names) or JSON (`audio_sample` as base64 or a data URL). The clip is decoded by
@@ -36,7 +36,7 @@ DEFAULT_SPEAKER_RATE = 24000
 
 
 def clones_voices(info) -> bool:
-    return bool(info.extra.get("clones_voices"))
+    return info.clones_voices
 
 
 def open_store(info, config, budget: Budget | None = None) -> VoiceStore | None:
@@ -57,7 +57,7 @@ def _store(state) -> VoiceStore:
 
 
 def _rate(state) -> int:
-    return int(state.info.extra.get("speaker_sample_rate") or DEFAULT_SPEAKER_RATE)
+    return state.info.speaker_sample_rate or DEFAULT_SPEAKER_RATE
 
 
 async def clip_part(state, raw: bytes, param: str, text: str | None) -> tuple[dict[str, Any], float]:

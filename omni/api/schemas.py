@@ -10,15 +10,8 @@ import msgspec
 from msgspec import Meta, Struct
 
 from omni.api.errors import ApiError
+from omni.sampling import MaxTokens, SamplingFields
 
-Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
-TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
-TopK = Annotated[int, Meta(ge=-1)]
-MaxTokens = Annotated[int, Meta(ge=1, le=1 << 20)]
-Seed = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
-RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=10.0)]
-Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]  # OpenAI's presence / frequency range
-MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
 LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=1024)]
 ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus", "aac"]
 MAX_CHOICES = 16  # `n`: answers to one request
@@ -65,44 +58,25 @@ class StreamOptions(Struct):
     include_usage: bool = False
 
 
-class StageSampling(Struct, forbid_unknown_fields=True):
+class StageSampling(SamplingFields, forbid_unknown_fields=True):
     """omni's extension: sampling for any autoregressive stage, e.g. `talker`."""
 
-    temperature: Temperature | None = None
-    top_k: TopK | None = None
-    top_p: TopP | None = None
-    repetition_penalty: RepetitionPenalty | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    min_p: MinP | None = None
-    max_tokens: MaxTokens | None = None
-    seed: Seed | None = None
-    ignore_eos: bool | None = None  # generate exactly max_tokens (benchmarks compare equal work)
 
+class ChatCompletionRequest(SamplingFields, kw_only=True):
+    """POST /v1/chat/completions: OpenAI's fields, the sampling ones (SamplingFields) among them."""
 
-class ChatCompletionRequest(Struct):
     model: str
     messages: Annotated[list[Message], Meta(min_length=1)]
     modalities: Annotated[list[Literal["text", "audio"]], Meta(min_length=1)] | None = None
     audio: ChatAudioOptions | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    top_k: TopK | None = None
-    min_p: MinP | None = None
-    repetition_penalty: RepetitionPenalty | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
     logit_bias: LogitBias | None = None  # OpenAI's: token id (as a string) -> bias in [-100, 100]
-    max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
-    seed: Seed | None = None
     stop: Union[str, Annotated[list[str], Meta(max_length=16)], None] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] = 1
     stage_sampling: dict[str, StageSampling] | None = None
     user: str | None = None
-    ignore_eos: bool | None = None  # vLLM's extension: the thinker does not stop at EOS
     logprobs: bool = False
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     # OpenAI parameters omni does not serve yet: decoded so that a request using one is refused
@@ -116,22 +90,14 @@ class ChatCompletionRequest(Struct):
     prediction: Any = None
 
 
-class CompletionRequest(Struct):
+class CompletionRequest(SamplingFields, kw_only=True):
     """POST /v1/completions (OpenAI's legacy text completions, as vLLM serves them): the prompt is
-    continued as it is, without the chat template."""
+    continued as it is, without the chat template; the sampling fields are SamplingFields'."""
 
     model: str
     prompt: Union[str, Annotated[list[Any], Meta(min_length=1, max_length=MAX_CHOICES)]]
-    max_tokens: MaxTokens | None = 16  # OpenAI's default
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    top_k: TopK | None = None
-    min_p: MinP | None = None
-    repetition_penalty: RepetitionPenalty | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
+    max_tokens: MaxTokens | None = 16  # OpenAI's default (SamplingFields' own, redefined)
     logit_bias: LogitBias | None = None
-    seed: Seed | None = None
     stop: Union[str, Annotated[list[str], Meta(max_length=16)], None] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -139,7 +105,6 @@ class CompletionRequest(Struct):
     echo: bool = False
     stage_sampling: dict[str, StageSampling] | None = None
     user: str | None = None
-    ignore_eos: bool | None = None
     # OpenAI parameters not served here: refused with a 400 naming them (UNSERVED_COMPLETION_FIELDS)
     best_of: Any = None
     logprobs: Any = None

@@ -4,7 +4,7 @@ A client written for OpenAI sends `voice="alloy"`; a model has speakers of its o
 voice stands for the first speaker of its row that the model has (the published Qwen3-Omni and
 Qwen3-TTS speakers, alike in gender and tone), else for the model's default voice (its first). A
 checkpoint overrides the table with `"omni_openai_voices": {"alloy": "vivian", ...}` in its
-config.json (`ModelInfo.extra["openai_voices"]`). A model without named speakers: one that designs
+config.json (`ModelInfo.openai_voices`). A model without named speakers: one that designs
 its voice from `instructions` (Qwen3-TTS VoiceDesign) takes the row's description as its
 instructions when a request sends none; one that clones voices speaks only in uploaded voices (an
 upload may be named "alloy"). A speaker of the model's own always wins over the table.
@@ -42,7 +42,7 @@ def own_voice(info, name: str) -> str | None:
     key = name.strip().lower()
     if key in by_lower or not voices or key not in OPENAI_VOICES:
         return by_lower.get(key)
-    override = {k.lower(): v for k, v in (info.extra.get("openai_voices") or {}).items()}
+    override = {k.lower(): v for k, v in info.openai_voices.items()}
     for candidate in (override.get(key), *OPENAI_VOICES[key][1]):
         if candidate and candidate.lower() in by_lower:
             return by_lower[candidate.lower()]

@@ -1,4 +1,4 @@
-"""Uploaded voices of a model that clones them (`ModelInfo.extra["clones_voices"]`): each voice's
+"""Uploaded voices of a model that clones them (`ModelInfo.clones_voices`): each voice's
 prompt (speaker embedding, reference codes, transcript) is computed once by the model's own graph,
 then kept here: in memory, and on disk under omni's cache directory, so it survives a restart.
 
@@ -85,7 +85,7 @@ def _host(x: Any) -> Any:
 def namespace(info) -> str:
     """A directory name for one checkpoint's voices: the model id plus a digest of its files."""
     digest = hashlib.sha1(f"{info.family}\0{info.id}".encode())
-    model_dir = info.extra.get("model_dir")
+    model_dir = info.model_dir
     if model_dir:
         root = Path(model_dir)
         for path in sorted(p for p in [root, *root.glob("*"), *root.glob("*/*")] if p.is_file()):

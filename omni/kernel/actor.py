@@ -19,7 +19,6 @@ from typing import Any
 
 from omni.kernel import messages as m
 from omni.kernel.bus import Mailbox, Outbox
-from omni.kernel.channels import ChannelFull, Readers, channel_of, load_channel
 from omni.kernel.driver import Chunk, End, Open, StageDriver
 from omni.kernel.errors import PayloadTooLarge
 from omni.kernel.graph import OUT, EdgeSpec, Graph
@@ -27,11 +26,11 @@ from omni.kernel.routing import inputs_expected, replica_of
 from omni.kernel.rundir import KERNEL, actor_name, endpoint, shm_owner
 from omni.kernel.stage import Emit
 from omni.lane_clock import LaneClock
+from omni.transport.channels import ChannelFull, Readers, Writers
 from omni.transport.arrays import is_array, rows_of, split_rows
 
 log = logging.getLogger("omni.actor")
 
-INLINE_MAX_BYTES = 16 << 10  # smaller arrays ride as zmq frames whatever the edge's channel
 HEARTBEAT_S = 0.5
 
 
@@ -52,8 +51,7 @@ class Actor:
         self.driver = StageDriver(graph, stage, replica)
         self.out_edges = graph.outgoing(stage)
         self.readers = Readers(self.spec.device_of(replica))
-        self._writers: dict[str, Any] = {}
-        self._owner = shm_owner(instance, stage, replica)
+        self.writers = Writers(graph, shm_owner(instance, stage, replica), self.spec.arena_bytes)
         self._links: dict[tuple[int, str], _Link] = {}  # (edge id, consumer replica) -> its link
         self._credit_event = asyncio.Event()
         self._wake = asyncio.Event()
@@ -99,8 +97,7 @@ class Actor:
             self._main_task.cancel()
 
     def close(self) -> None:
-        for writer in self._writers.values():
-            writer.close()
+        self.writers.close()
         self.readers.close()
         self.outbox.close()
         self.mailbox.close()
@@ -114,9 +111,10 @@ class Actor:
                 if self.driver.is_dead(msg.rid) or msg.rid in self._opened:
                     return
                 self._opened[msg.rid] = set(msg.skip)
-                self.driver.post(Open(msg.rid, msg.params, inputs_expected(self.graph, self.spec.name, msg.skip)))
+                params = {**msg.params, "sampling": msg.sampling}  # the stage reads its own by name
+                self.driver.post(Open(msg.rid, params, inputs_expected(self.graph, self.spec.name, msg.skip)))
                 for dst in {e.dst for e in self._edges_of(msg.rid).values()} - {OUT}:
-                    self.outbox.send(replica_of(self.graph, dst, msg.rid), msg)
+                    self.outbox.send(replica_of(self.graph, dst, msg.rid), self._open_for(dst, msg))
             case m.RequestChunk():
                 data, tokens = self.readers.read(msg, frames)
                 edge = self.graph.edges[msg.edge]
@@ -142,6 +140,12 @@ class Actor:
                 log.warning("%s dropped an unexpected %s", self.name, type(msg).__name__)
         self._wake.set()
 
+    def _open_for(self, dst: str, msg: m.RequestOpen) -> m.RequestOpen:
+        """The Open `dst` gets: without the request's media unless it takes them."""
+        if self.graph.takes_media(dst) or not (media := set(self.graph.media) & msg.params.keys()):
+            return msg
+        return m.RequestOpen(msg.rid, {k: v for k, v in msg.params.items() if k not in media}, msg.skip, msg.sampling)
+
     # ---- credits and payload slots ----------------------------------------------------------
 
     def _link(self, edge_id: int, peer: str) -> _Link:
@@ -156,7 +160,7 @@ class Actor:
         for token in msg.tokens:
             if token in link.outstanding:
                 link.outstanding.remove(token)
-                self._free(msg.edge, token)
+                self.writers.free_on(msg.edge, token)
         link.credits += 1
         self._credit_event.set()
 
@@ -165,28 +169,19 @@ class Actor:
         self.outbox.reset(peer)
         for edge_id, link_peer in [key for key in self._links if key[1] == peer]:
             for token in self._links.pop((edge_id, link_peer)).outstanding:
-                self._free(edge_id, token)
+                self.writers.free_on(edge_id, token)
         self._credit_event.set()
-
-    def _free(self, edge_id: int, token: int) -> None:
-        """Take back a payload slot of `edge_id` (its consumer credited it, or is gone)."""
-        self._writer(channel_of(self.graph, self.graph.edges[edge_id])).free(token)
 
     def _free_slots(self, payloads: list[m.PayloadDesc]) -> None:
         for desc in payloads:
             if (token := self.readers.token(desc)) is not None:
-                self._writer(desc.channel).free(token)
+                self.writers.get(desc.channel).free(token)
 
     async def _credit(self) -> None:
         self._credit_event.clear()
         await self.lanes.wait("credit_wait", self._credit_event.wait())
 
     # ---- outbound ---------------------------------------------------------------------------
-
-    def _writer(self, channel: str) -> Any:
-        if channel not in self._writers:
-            self._writers[channel] = load_channel(channel).writer(self._owner, self.spec.arena_bytes)
-        return self._writers[channel]
 
     def _peer(self, edge: EdgeSpec, rid: str) -> str:
         return KERNEL if edge.dst == OUT else replica_of(self.graph, edge.dst, rid)
@@ -220,16 +215,12 @@ class Actor:
         link.outstanding.extend(t for t in map(self.readers.token, payloads) if t is not None)
 
     async def _write_array(self, edge: EdgeSpec, key: str, value: Any) -> tuple[m.PayloadDesc, list[Any]]:
-        channel = channel_of(self.graph, edge)
-        nbytes = getattr(value, "nbytes", 0)
-        if edge.channel == "auto" and channel == "shm" and nbytes <= INLINE_MAX_BYTES:
-            channel = "inline"
         while True:
             try:
-                return self._writer(channel).write(key, value)
+                return self.writers.write(edge, key, value)
             except PayloadTooLarge as exc:
-                raise PayloadTooLarge(f"stage {self.spec.name} cannot send {key!r} ({nbytes} bytes) on {edge}: "
-                                      f"{exc}") from None
+                raise PayloadTooLarge(f"stage {self.spec.name} cannot send {key!r} ({getattr(value, 'nbytes', 0)} "
+                                      f"bytes) on {edge}: {exc}") from None
             except ChannelFull:
                 if not any(link.outstanding for link in self._links.values()):
                     raise

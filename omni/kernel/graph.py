@@ -37,6 +37,7 @@ class StageSpec:
     capability: str = ""  # what the stage serves alone (e.g. "image_input"); "" = core, every request needs it
     restart_window_s: float = 60.0
     restart_cooldown_s: float = 30.0
+    media: bool = False  # its RequestOpen keeps the request's media (`Graph.media` keys); the entry's always does
 
     def device_of(self, replica: int) -> str:
         """Where replica `replica` runs: its entry of `devices`, else `device`."""
@@ -73,6 +74,7 @@ class Graph:
     edges: list[EdgeSpec]
     entry: str = ""  # the stage that receives new requests; default: the first stage
     needs: str = ""  # "module:function": request params -> capability names it needs (see routing.py)
+    media: list[str] = field(default_factory=list)  # params keys holding media bytes: sent only to media stages
 
     def __post_init__(self) -> None:
         if not self.entry and self.stages:
@@ -92,6 +94,9 @@ class Graph:
 
     def exits(self) -> dict[int, EdgeSpec]:
         return self.incoming(OUT)
+
+    def takes_media(self, name: str) -> bool:
+        return name == self.entry or self.stage(name).media
 
     def validate(self) -> None:
         names = [s.name for s in self.stages]
@@ -118,6 +123,8 @@ class Graph:
                                  f"such as \"cuda:1\", got {spec.devices!r}")
             if spec.name != self.entry and not self.incoming(spec.name):
                 raise GraphError(f"stage {spec.name!r} has no inbound edge and is not the entry")
+            if spec.media and (src := [e.src for e in self.incoming(spec.name).values() if not self.takes_media(e.src)]):
+                raise GraphError(f"stage {spec.name!r} takes media but {src[0]!r}, which opens it, does not")
             stage_args(spec)
 
     def to_dict(self) -> dict[str, Any]:

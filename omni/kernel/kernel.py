@@ -25,7 +25,6 @@ from typing import Any
 
 from omni.kernel import messages as m
 from omni.kernel.bus import Mailbox, Outbox
-from omni.kernel.channels import Readers, release_leftovers
 from omni.kernel.errors import (DeadlineExceeded, GraphError, KernelClosed, OmniError, Overloaded, RequestCancelled,
                                 StageDown, StageFailed, StageStartError, error_from_kind)
 from omni.kernel.graph import Graph
@@ -33,6 +32,8 @@ from omni.kernel.requests import InflightRequest, OutputEvent, RequestStream
 from omni.kernel.routing import Router, replica_of
 from omni.kernel.rundir import KERNEL, actor_name, endpoint, make_run_dir, new_instance_id, shm_owner
 from omni.kernel.supervisor import ActorHandle, ActorState, Supervisor
+from omni.sampling import split_sampling
+from omni.transport.channels import Readers, release_leftovers
 
 log = logging.getLogger("omni.kernel")
 
@@ -103,6 +104,7 @@ class Kernel:
         rid = rid or uuid.uuid4().hex
         if rid in self._inflight:
             raise ValueError(f"request id {rid!r} is already in flight")
+        params, sampling = split_sampling(params)
         try:
             route = self.router.route(params)
         except Exception as exc:  # a family's `needs` that cannot read these params: use every stage
@@ -116,10 +118,10 @@ class Kernel:
         if deadline_s is not None:
             request.deadline_handle = asyncio.get_running_loop().call_later(deadline_s, self._expire, rid, deadline_s)
         entry = replica_of(self.graph, self.graph.entry, rid)
-        if not (self._send(entry, m.RequestOpen(rid, params, route.skip))
+        if not (self._send(entry, m.RequestOpen(rid, params, route.skip, sampling))
                 and self._send(entry, m.RequestEnd(rid, ENTRY_EDGE))):
             self._finish(rid, StageFailed(f"stage {entry} is not reachable"))
-        return RequestStream(self, request)
+        return RequestStream(request, self.cancel)
 
     async def cancel(self, rid: str, reason: str = "cancelled by the client") -> None:
         if rid in self._inflight:
@@ -251,3 +253,4 @@ class Kernel:
 
     def _send(self, name: str, msg: m.Msg) -> bool:
         return self.outbox.send(name, msg)
+

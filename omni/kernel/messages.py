@@ -12,6 +12,8 @@ from typing import Any, Union
 
 import msgspec
 
+from omni.sampling import Sampling
+
 
 class PayloadDesc(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """Where one array of a chunk lives. Channels fill the fields they need."""
@@ -31,10 +33,11 @@ class Msg(msgspec.Struct, tag_field="op", tag=str.lower, omit_defaults=True):
 
 
 class RequestOpen(Msg, gc=False):
-    """A request starts; `params` are the request's parameters, whole."""
+    """A request starts: its parameters, and its sampling typed, keyed by the stage it is for."""
     rid: str
     params: dict[str, Any] = {}
     skip: list[str] = []  # stages this request never enters (routing.py): no edge into them opens
+    sampling: dict[str, Sampling] = {}
 
 
 class RequestChunk(Msg, gc=False):

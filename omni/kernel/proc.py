@@ -23,7 +23,7 @@ PR_SET_PDEATHSIG = 1
 async def _serve(config: dict[str, Any]) -> None:
     # imported here, once the config's environment is set
     from omni.kernel.actor import Actor
-    from omni.kernel.channels import release_leftovers
+    from omni.transport.channels import release_leftovers
     from omni.kernel.graph import Graph
     from omni.kernel.registry import STAGES
     from omni.kernel.rundir import KERNEL, remove_socket, shm_owner

@@ -1,15 +1,15 @@
-"""The client side of a request: output events and the async iterator `Kernel.submit` returns."""
+"""The client side of a request: output events and the async iterator `Kernel.submit` returns.
+
+It knows nothing of the kernel: a stream is handed the one thing it asks of it, how to cancel."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omni.kernel.errors import OmniError
-
-if TYPE_CHECKING:
-    from omni.kernel.kernel import Kernel
 
 
 @dataclass
@@ -44,9 +44,9 @@ class InflightRequest:
 class RequestStream:
     """Async iterator of a request's `OutputEvent`s; raises the typed error that ended it."""
 
-    def __init__(self, kernel: Kernel, request: InflightRequest) -> None:
-        self._kernel = kernel
+    def __init__(self, request: InflightRequest, cancel: Callable[[str], Awaitable[None]]) -> None:
         self._request = request
+        self._cancel = cancel
         self._done = False
 
     @property
@@ -66,7 +66,7 @@ class RequestStream:
         return item
 
     async def cancel(self) -> None:
-        await self._kernel.cancel(self.rid)
+        await self._cancel(self.rid)
 
     async def collect(self) -> list[OutputEvent]:
         """Every event of the request (for tests and simple callers)."""

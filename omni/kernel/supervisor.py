@@ -25,11 +25,11 @@ from typing import Any
 from omni.gpu_env import keep_multicast_off
 from omni.kernel import messages as m
 from omni.kernel.bus import Outbox
-from omni.kernel.channels import release_leftovers
 from omni.kernel.errors import StageStartError
 from omni.kernel.graph import Graph
 from omni.kernel.registry import STAGES
 from omni.kernel.rundir import actor_name, remove_socket, shm_owner
+from omni.transport.channels import release_leftovers
 
 log = logging.getLogger("omni.supervisor")
 

@@ -13,21 +13,27 @@ from omni.models.weights import CheckpointError
 from omni.stages.args import LOAD_FORMATS
 
 
-def load_format(args: Mapping[str, Any]) -> str:
+def arg(args: Any, name: str) -> Any:
+    """One field of a stage's args: its typed args (WeightArgs, as the stage receives them) or a
+    plain mapping (a part loaded by hand); None when absent."""
+    return args.get(name) if isinstance(args, Mapping) else getattr(args, name, None)
+
+
+def load_format(args: Any) -> str:
     """The stage's `load_format` arg ("auto" when absent); a typed error for an unknown one."""
-    fmt = str(args.get("load_format") or "auto")
+    fmt = str(arg(args, "load_format") or "auto")
     if fmt not in LOAD_FORMATS:
         raise CheckpointError(f"load_format {fmt!r} is not one of {LOAD_FORMATS}")
     return fmt
 
 
-def model_dir(args: Mapping[str, Any]) -> str | None:
+def model_dir(args: Any) -> str | None:
     """The checkpoint directory the args name (`model_dir`, or `model` when it is a path)."""
-    found = args.get("model_dir") or args.get("model")
+    found = arg(args, "model_dir") or arg(args, "model")
     return found if isinstance(found, str) else None
 
 
-def load_part(cls, args: Mapping[str, Any], device, random: Callable[[Mapping[str, Any], Any], Any] | None = None,
+def load_part(cls, args: Any, device, random: Callable[[Any, Any], Any] | None = None,
               default_dtype: str | None = None):
     """`random(args, device)` when the args say `load_format="random"`, else `cls.from_checkpoint`
     of the args' model dir in the args' `dtype` (a torch dtype name; else `default_dtype`; else
@@ -41,6 +47,6 @@ def load_part(cls, args: Mapping[str, Any], device, random: Callable[[Mapping[st
         raise CheckpointError(f"{cls.__name__}: the stage args name no model_dir")
     import torch
 
-    name = args.get("dtype") or default_dtype
+    name = arg(args, "dtype") or default_dtype
     kwargs = {"dtype": getattr(torch, name)} if name else {}
     return cls.from_checkpoint(where, device=device, **kwargs)

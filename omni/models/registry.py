@@ -31,7 +31,9 @@ CHARS_PER_TOKEN = 16
 
 @dataclass
 class ModelInfo:
-    """What the API needs to know of a served model."""
+    """What the API needs to know of a served model: each capability is a typed field with a default
+    (a family sets only what its model does). There is no free-form bag: a graph builder that still
+    passes `extra=` (a plugin written against an older omni) fails with a TypeError when it builds."""
     id: str
     family: str
     speaks: bool = False
@@ -39,20 +41,48 @@ class ModelInfo:
     voices: list[str] = field(default_factory=list)
     sample_rate: int = 24000
     random_weights: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
     max_context: int | None = None  # prompt tokens the model takes; longer prompts are refused up front
     sampling_stage: str | None = None  # the stage whose sampling a request's top-level fields set (None: none)
+    model_dir: str | None = None  # its checkpoint (uploaded voices are kept per checkpoint's files)
+    tasks: tuple[str, ...] = ("chat",)  # what it serves: "chat", "speech", "transcribe", "translate"
+    # chat
+    completions: bool = False  # also continues raw text (/v1/completions: its entry stage takes "complete")
+    logprobs: bool = False  # reports token log-probabilities
+    audio_input: bool = False  # hears audio itself (else a served transcriber transcribes it for realtime)
+    default_max_tokens: int | None = None  # the answer length it stops at when a request sets none
+    # transcription
+    word_timestamps: bool = False  # times words (timestamp_granularities[]=word)
+    no_translation_reason: str = ""  # why it does not translate, told when no served model does
+    # speech
+    instructions: bool | None = None  # takes `instructions` (True), refuses them with a 400 (False), ignores them (None)
+    applies_speed: bool = False  # applies `speed` itself (else the API resamples its audio)
+    designs_voices: bool = False  # its voice is described in `instructions`, not named (Qwen3-TTS VoiceDesign)
+    clones_voices: bool = False  # speaks in uploaded voices (/v1/audio/voices)
+    speaker_sample_rate: int | None = None  # the rate a voice upload is resampled to (None: 24 kHz)
+    openai_voices: dict[str, str] = field(default_factory=dict)  # OpenAI voice name -> its speaker (config.json)
+
+
+def check_info(graph: Any, info: ModelInfo) -> None:
+    """What ModelInfo says of its graph holds: the stage a request's top-level sampling goes to is
+    one of the graph's (checked, where it was agreed by hand)."""
+    names = [spec.name for spec in graph.stages]
+    if info.sampling_stage is not None and info.sampling_stage not in names:
+        raise ValueError(f"model {info.id!r}: sampling_stage {info.sampling_stage!r} is not a stage of its graph "
+                         f"{names}")
 
 
 @dataclass
 class FamilyEntry:
-    """`target`: "module:function", function(model_dir, variant, **options) -> (Graph, ModelInfo)."""
+    """`target`: "module:function", function(model_dir, variant, **options) -> (Graph, ModelInfo).
+    `settle`: "module:function", function(graph, info), run again once config files and `--set` have
+    changed the graph: what follows from one stage's final args into another's and into ModelInfo."""
     name: str
     target: str
     architectures: list[str] = field(default_factory=list)
     provider: str = "omni"
     tasks: list[str] = field(default_factory=list)  # what it serves: "chat", "speech", "transcribe"
     voices: list[str] = field(default_factory=list)
+    settle: str = ""
 
     def describe(self) -> str:
         extras = [", ".join(self.tasks)] if self.tasks else []
@@ -120,14 +150,16 @@ class Registry:
         self.stages.stage_args = table
 
     def register_stage(self, kind: str, target: str, args: str | None = None) -> None:
-        """See StageKinds.register_stage."""
+        """See StageKinds.register_stage: the one call by which a family (omni's or a plugin's)
+        adds a stage kind, named "<family>.<stage>"."""
         self.stages.register_stage(kind, target, args)
         self._provided.append(f"stage:{kind}")
 
     def register_family(self, name: str, target: str, architectures: list[str] | tuple[str, ...] = (), *,
-                        tasks: list[str] | tuple[str, ...] = (), voices: list[str] | tuple[str, ...] = ()) -> None:
+                        tasks: list[str] | tuple[str, ...] = (), voices: list[str] | tuple[str, ...] = (),
+                        settle: str = "") -> None:
         entry = self.families[name] = FamilyEntry(name, target, list(architectures), self._provider, list(tasks),
-                                                  list(voices))
+                                                  list(voices), settle)
         self._provided.append(entry.describe())
 
     def register_command(self, name: str, target: str, help: str = "") -> None:

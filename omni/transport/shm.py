@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from omni.kernel.channels import ChannelFull
+from omni.transport.channels import ChannelFull
 from omni.kernel.messages import PayloadDesc
 from omni.transport.arena import SlotAllocator
 from omni.transport.arrays import as_numpy, from_buffer

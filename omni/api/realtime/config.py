@@ -155,9 +155,8 @@ class SessionConfig:
 
 
 def default_max_tokens(info) -> int | None:
-    """The answer length a model stops at when a request sets none (`ModelInfo.extra["default_max_tokens"]`)."""
-    value = info.extra.get("default_max_tokens")
-    return int(value) if value else None
+    """The answer length a model stops at when a request sets none (`ModelInfo.default_max_tokens`)."""
+    return info.default_max_tokens or None
 
 
 def ga_modalities(modalities: list[str]) -> list[str]:

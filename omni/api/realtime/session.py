@@ -38,7 +38,7 @@ _decode = msgspec.json.Decoder().decode
 
 def hears(state: ServerState) -> bool:
     """Does the main model take audio input (else a served transcriber transcribes each audio turn for it)?"""
-    return bool(state.info.extra.get("audio_input"))
+    return state.info.audio_input
 
 
 class RealtimeSession:

@@ -1,9 +1,12 @@
-"""The demo family: the weightless toy pipeline of omni/stages/demo.py (encoder -> generator ->
-vocoder), served by `omnid serve --model demo` and used by the kernel's tests."""
+"""The demo family: the weightless toy pipeline of `stages.py` (encoder -> generator -> vocoder),
+served by `omnid serve --model demo` and used by the kernel's tests (`stages.demo_graph`)."""
+
+# its stage kinds, named once and registered here (stages.py loads the registry, so the kernel's table has them)
+KINDS = {"demo.encoder": "omni.models.demo.stages:ToyEncoder", "demo.generator": "omni.models.demo.stages:ToyGenerator",
+         "demo.vocoder": "omni.models.demo.stages:ToyVocoder"}
 
 
 def register(registry) -> None:
-    registry.register_stage("demo.encoder", "omni.stages.demo:ToyEncoder")
-    registry.register_stage("demo.generator", "omni.stages.demo:ToyGenerator")
-    registry.register_stage("demo.vocoder", "omni.stages.demo:ToyVocoder")
+    for kind, target in KINDS.items():
+        registry.register_stage(kind, target)
     registry.register_family("demo", "omni.models.demo.graph:build_demo", ["OmniDemo"])

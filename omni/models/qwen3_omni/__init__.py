@@ -11,10 +11,11 @@ drop_warnings("transformers.modeling_rope_utils", "Unrecognized keys in `rope_pa
 
 
 def register(registry) -> None:
-    from omni.models.qwen3_omni.stages import register_stages
+    from omni.models.qwen3_omni.stages import KINDS
 
-    register_stages(registry)  # the stage kinds, each with its typed args
+    for kind, (target, args) in KINDS.items():  # the stage kinds, each with its typed args
+        registry.register_stage(kind, target, args=args)
     registry.register_family("qwen3-omni", "omni.models.qwen3_omni.graph:build",
-                             ["Qwen3OmniMoeForConditionalGeneration"])
+                             ["Qwen3OmniMoeForConditionalGeneration"], settle="omni.models.qwen3_omni.graph:settle")
     registry.register_tiny("qwen3-omni", "omni.models.qwen3_omni.checkpoint.make_tiny:main")
     registry.register_default("qwen3-omni", "omni.models.qwen3_omni.checkpoint.embedded:embedded_model")

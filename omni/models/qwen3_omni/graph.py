@@ -20,19 +20,17 @@ every model stage: each draws its weights on its own device (`random_load`).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from omni.kernel.errors import GraphError
-from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
+from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec, stage_args
 from omni.models.registry import ModelInfo
 from omni.layers.openai_voices import openai_voices
 from omni.models.qwen3_omni.config import Qwen3OmniConfig, load_config
 from omni.models.qwen3_omni.checkpoint.make_tiny import TINY_MARKER  # next to a random-weight checkpoint
 from omni.models.qwen3_omni.checkpoint.presets_full import random_marker  # a config-only dir: random weights at load
-from omni.stages.ar.config import EngineConfig
 
 FAMILY = "qwen3-omni"
 VARIANTS = ("speech", "text")
@@ -89,9 +87,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         return StageSpec(name, _KINDS[name], args=args, device="cpu" if name == "preprocess" else device,
                          load=_LOADS.get(name, 1.0), **spec)
 
-    max_context = int(options.get("stage_args", {}).get("thinker", {}).get("max_model_len", EngineConfig.max_model_len))
     stages = [
-        stage("preprocess", {"model_dir": model_dir, "voices": voices, "max_prompt_tokens": max_context}),
+        stage("preprocess", {"model_dir": model_dir, "voices": voices}),  # its prompt bound: settle()
         stage("audio_encoder", {"model_dir": model_dir, "out_port": "embeds"}, capability="audio_input"),
         stage("vision_encoder", {"model_dir": model_dir, "out_port": "embeds"}, capability="image_input"),
         stage("thinker", {"model_dir": model_dir, "default_sampling": {"max_tokens": lengths["thinker"]}}),
@@ -118,7 +115,7 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
             EdgeSpec("code2wav", "audio", OUT),
         ]
     graph = Graph(name=f"{FAMILY}-{variant}", stages=stages, edges=edges, entry="preprocess",
-                  needs="omni.models.qwen3_omni.request:needs")
+                  needs="omni.models.qwen3_omni.request:needs", media=["messages", "audio"])  # preprocess reads them
     graph.validate()
     info = ModelInfo(
         id=options.get("model_id") or Path(model_dir).name,
@@ -128,20 +125,21 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         voices=voices,
         sample_rate=cfg.code2wav.sample_rate if cfg.code2wav is not None else 24000,
         random_weights=tiny or bool(randomized),
-        max_context=max_context,
         sampling_stage="thinker",
-        extra={"variant": variant, "model_dir": model_dir, "logprobs": True, "audio_input": True, "completions": True,
-               "default_max_tokens": lengths["thinker"],
-               "openai_voices": openai_voices(model_dir), **_tiny_facts(model_dir, tiny),
-               **({"random_load": randomized} if randomized else {})},
+        model_dir=model_dir,
+        completions=True,
+        logprobs=True,
+        audio_input=True,
+        default_max_tokens=lengths["thinker"],
+        openai_voices=openai_voices(model_dir),
     )
+    settle(graph, info)
     return graph, info
 
 
-def _tiny_facts(model_dir: str, tiny: bool) -> dict[str, Any]:
-    if not tiny:
-        return {}
-    try:
-        return {"tiny": json.loads((Path(model_dir) / TINY_MARKER).read_text())}
-    except ValueError:
-        return {"tiny": {}}
+def settle(graph: Graph, info: ModelInfo) -> None:
+    """What follows from the stages' final args (after config files and `--set` too): the thinker's
+    context bounds the prompts preprocess admits and is the model card's `max_context`."""
+    context = stage_args(graph.stage("thinker")).max_model_len
+    graph.stage("preprocess").args["max_prompt_tokens"] = context
+    info.max_context = context

@@ -22,10 +22,10 @@ drop_warnings("transformers.configuration_utils",
 
 _STAGES = "omni.models.qwen3_tts.stages"
 STAGES = {  # kind -> (stage class, its typed args: stages/args.py)
-    "qwen3_tts_preprocess": (f"{_STAGES}.preprocess_stage:PreprocessStage", f"{_STAGES}.args:TTSPreprocessArgs"),
-    "qwen3_tts_talker": (f"{_STAGES}.talker_stage:TTSTalkerStage", f"{_STAGES}.args:TTSTalkerArgs"),
-    "qwen3_tts_voice": (f"{_STAGES}.voice_stage:VoiceStage", f"{_STAGES}.args:TTSVoiceArgs"),
-    "qwen3_tts_codec": (f"{_STAGES}.codec_stage:CodecStage", f"{_STAGES}.args:TTSCodecArgs"),
+    "qwen3-tts.preprocess": (f"{_STAGES}.preprocess_stage:PreprocessStage", f"{_STAGES}.args:TTSPreprocessArgs"),
+    "qwen3-tts.talker": (f"{_STAGES}.talker_stage:TTSTalkerStage", f"{_STAGES}.args:TTSTalkerArgs"),
+    "qwen3-tts.voice": (f"{_STAGES}.voice_stage:VoiceStage", f"{_STAGES}.args:TTSVoiceArgs"),
+    "qwen3-tts.codec": (f"{_STAGES}.codec_stage:CodecStage", f"{_STAGES}.args:TTSCodecArgs"),
 }
 
 

@@ -18,6 +18,7 @@ from omni.models.weights import CheckpointError
 
 ARCHITECTURE = "Qwen3TTSForConditionalGeneration"
 KINDS = ("base", "custom_voice", "voice_design")
+TINY_MARKER = "omni_tiny.json"  # beside a random-weight checkpoint (make-tiny writes it; the same as Qwen3-Omni's)
 TOKENIZER_12HZ = "qwen3_tts_tokenizer_12hz"
 
 # the reference's config-class defaults (what a key absent from config.json means)

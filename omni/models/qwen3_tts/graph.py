@@ -27,17 +27,11 @@ from typing import Any
 from omni.kernel.errors import GraphError
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
 from omni.models.registry import ModelInfo
-from omni.models.qwen3_tts.checkpoint.make_tiny import TINY_MARKER
 from omni.layers.openai_voices import openai_voices
-from omni.models.qwen3_tts.config import load_config
+from omni.models.qwen3_tts.config import TINY_MARKER, load_config
 
 FAMILY = "qwen3-tts"
-KINDS = {
-    "preprocess": "qwen3_tts_preprocess",
-    "voice": "qwen3_tts_voice",
-    "talker": "qwen3_tts_talker",
-    "codec": "qwen3_tts_codec",
-}
+KINDS = {name: f"{FAMILY}.{name}" for name in ("preprocess", "voice", "talker", "codec")}  # registered in __init__.py
 # what a stage serves alone (the kernel's routing skips the stages a request does not need)
 CAPABILITIES = {"voice": "voice_clone", "talker": "speech", "codec": "speech"}
 TINY_MAX_TOKENS = 64
@@ -94,12 +88,12 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     threads = int(options.get("threads") or max(1, (os.cpu_count() or 1) // (4 if base else 3)))
     sampling, predictor = talker_sampling(model_dir, tiny)
 
-    def stage(name: str, args: dict[str, Any]) -> StageSpec:
+    def stage(name: str, args: dict[str, Any], media: bool = False) -> StageSpec:
         args = {"model_dir": model_dir, **args, "threads": threads,
                 **({"dtype": dtype} if dtype and name != "preprocess" else {}),
                 **options.get("stage_args", {}).get(name, {})}
         return StageSpec(name, KINDS[name], args=args, device="cpu" if name == "preprocess" else device,
-                         capability=CAPABILITIES.get(name, ""))
+                         capability=CAPABILITIES.get(name, ""), media=media)
 
     stages = [
         stage("preprocess", {}),
@@ -114,11 +108,12 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         EdgeSpec("codec", "audio", OUT),
     ]
     if base:
-        stages.insert(1, stage("voice", {}))
+        stages.insert(1, stage("voice", {}, media=True))  # it reads the clip (voice_ref) or the voice (voice_prompt)
         edges += [EdgeSpec("preprocess", "voice", "voice", "voice"), EdgeSpec("voice", "voice", "talker", "voice"),
                   EdgeSpec("voice", "voice_prompt", OUT)]  # a voice's embedding + codes, for POST /v1/audio/voices
     graph = Graph(name=f"{FAMILY}-{cfg.kind}", stages=stages, edges=edges, entry="preprocess",
-                  needs="omni.models.qwen3_tts.graph:needs_base" if base else "omni.models.qwen3_tts.graph:needs")
+                  needs="omni.models.qwen3_tts.graph:needs_base" if base else "omni.models.qwen3_tts.graph:needs",
+                  media=["voice_ref", "voice_prompt"])
     graph.validate()
     info = ModelInfo(
         id=options.get("model_id") or Path(model_dir).name,
@@ -127,9 +122,12 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         voices=cfg.voices if cfg.kind == "custom_voice" else [],
         sample_rate=sample_rate_of(model_dir),
         random_weights=tiny,
-        extra={"tasks": ["speech"], "tts_kind": cfg.kind, "model_dir": model_dir, "openai_voices": openai_voices(model_dir),
-               "designs_voices": cfg.kind == "voice_design", "instructions": cfg.kind != "base",
-               "clones_voices": base, "speaker_sample_rate": 24000, "languages": cfg.supported_languages,
-               **({"tiny": json.loads((Path(model_dir) / TINY_MARKER).read_text())} if tiny else {})},
+        model_dir=model_dir,
+        tasks=("speech",),
+        instructions=cfg.kind != "base",
+        designs_voices=cfg.kind == "voice_design",
+        clones_voices=base,
+        speaker_sample_rate=24000,
+        openai_voices=openai_voices(model_dir),
     )
     return graph, info

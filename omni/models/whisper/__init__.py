@@ -17,9 +17,10 @@ output can differ. No temperature fallback or compression / log-prob thresholds.
 
 
 def register(registry) -> None:
-    from omni.models.whisper.stages import register_stages
+    from omni.models.whisper.stages import KINDS
 
-    register_stages(registry)  # the stage kinds, each with its typed args
+    for kind, (target, args) in KINDS.items():  # the stage kinds, each with its typed args
+        registry.register_stage(kind, target, args=args)
     registry.register_family("whisper", "omni.models.whisper.graph:build", ["WhisperForConditionalGeneration"],
                              tasks=["transcribe"])
     registry.register_command("convert-whisper", "omni.models.whisper.checkpoint.convert_cli:main",

@@ -51,12 +51,10 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     decoder = StageSpec("decoder", DECODER_KIND, device=device, max_batch=max_seqs,
                         args={**common, "threads": dec_threads})
     graph = Graph(name="whisper", stages=[encoder, decoder],
-                  edges=[EdgeSpec("encoder", "windows", "decoder"), EdgeSpec("decoder", "text", OUT)])
+                  edges=[EdgeSpec("encoder", "windows", "decoder"), EdgeSpec("decoder", "text", OUT)],
+                  media=["audio"])  # the decoder gets windows, not the upload
     info = ModelInfo(id=options.get("model_id") or model_id(model_dir), family="whisper", transcribes=True,
                      sample_rate=16000, sampling_stage="decoder",
-                     extra={"tasks": ["transcribe", "translate"] if cfg.multilingual else ["transcribe"],
-                            "word_timestamps": True,
-                            **({} if cfg.multilingual else {"no_translation_reason": "an English-only Whisper cannot translate"}),
-                            "multilingual": cfg.multilingual, "languages": list(cfg.language_ids()) if cfg.multilingual
-                            else ["en"]})
+                     tasks=("transcribe", "translate") if cfg.multilingual else ("transcribe",), word_timestamps=True,
+                     no_translation_reason="" if cfg.multilingual else "an English-only Whisper cannot translate")
     return graph, info

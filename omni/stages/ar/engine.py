@@ -21,7 +21,7 @@ from omni.stages.ar.logprobs import gather_logprobs
 from omni.stages.ar.model_api import AfterSample, ARModel
 from omni.stages.ar.runner import ModelRunner
 from omni.stages.ar.sampler import Sampler
-from omni.stages.ar.scheduler import Scheduler
+from omni.stages.ar.scheduler import Scheduler, SchedulerOutput
 from omni.stages.ar.sequence import FinishReason, SamplingParams, Sequence
 from omni.stages.ar.tap_store import TapStore
 from omni.stages.gpu_clock import GpuClock
@@ -56,6 +56,16 @@ class StepOutput:
     error: str | None = None  # the engine failed this request (non-finite logits, an SGLang-side error); it is over
     error_kind: str | None = None  # omni.kernel.errors kind (None: a stage failure)
     logprobs: list | None = None  # per new token, when the request asked (logprobs.Entry)
+
+
+@dataclass
+class _Sampled:
+    """What one step sampled: the spans that took a token, and per span its id, extras and log-probs."""
+
+    spans: list
+    token_ids: list[int] = field(default_factory=list)
+    extras: list[dict] | None = None
+    logprobs: list | None = None
 
 
 class AREngine:
@@ -163,16 +173,30 @@ class AREngine:
         self.sampler.release(seq)
         self.model.release(seq)
 
-    # ---- stepping -----------------------------------------------------------------
+    # ---- stepping: schedule -> run -> postprocess ----------------------------------
     def step(self) -> list[StepOutput]:
+        """One forward over what the scheduler picked; an output per sequence that took part."""
+        sched = self._schedule()
+        if sched is None:
+            return []
+        batch, out, taps = self._run(sched)
+        return self._postprocess(batch, out, taps, self._sample(batch, out))
+
+    def _schedule(self) -> SchedulerOutput | None:
+        """The step's sequences (None: nothing to run); preempted ones give their sampler slot back
+        (rebuilt from the host state when admitted again), the sampling ones hold one."""
         sched = self.scheduler.schedule()
         for seq in sched.preempted:
-            self.sampler.release(seq)  # rebuilt from the host state when it is admitted again
+            self.sampler.release(seq)
         if not sched.scheduled:
-            return []
+            return None
         for item in sched.scheduled:
             if item.samples:
                 self.sampler.assign(item.seq)
+        return sched
+
+    def _run(self, sched: SchedulerOutput) -> tuple[Any, Any, tuple[int, ...]]:
+        """The forward pass: (batch, its output, the tap layers it returned)."""
         taps = self.config.tap_layers if any(s.seq.return_hidden for s in sched.scheduled) else ()
         batch = self.runner.prepare(sched.scheduled, taps)
         self.gpu_clock.start()
@@ -181,17 +205,18 @@ class AREngine:
         self.num_computed += sched.num_tokens
         if taps and self.tap_store is not None:
             self.tap_store.write([s for s in batch.spans if s.seq.return_hidden], {t: out.taps[t] for t in taps})
+        return batch, out, taps
 
-        sampling = [span for span in batch.spans if span.end == span.seq.num_tokens]
-        token_ids: list[int] = []
-        extras: list[dict] | None = None
-        if sampling:
-            rows = [s.row + s.num_tokens - 1 for s in sampling]
+    def _sample(self, batch: Any, out: Any) -> _Sampled:
+        """A token for every span that reached its sequence's end (the model's extras, log-probs)."""
+        sampled = _Sampled([span for span in batch.spans if span.end == span.seq.num_tokens])
+        if sampled.spans:
+            rows = [s.row + s.num_tokens - 1 for s in sampled.spans]
             if rows[-1] == len(rows) - 1:  # rows 0..n-1 (every decode step): no gather
                 hidden = out.hidden[: len(rows)]
             else:
                 hidden = out.hidden[torch.tensor(rows, device=out.hidden.device)]
-            seqs = [s.seq for s in sampling]
+            seqs = [s.seq for s in sampled.spans]
             tokens, logits = out.tokens, None
             if tokens is None:  # sampled here unless the decode graph already did
                 logits = self.runner.logits(hidden)
@@ -199,45 +224,61 @@ class AREngine:
             extras = self.model.after_sample(seqs, tokens, hidden)
             self.gpu_clock.stop()
             if isinstance(extras, AfterSample):  # the model's copy brought the ids to the host already
-                extras, token_ids = extras.extras, extras.token_ids
+                sampled.extras, sampled.token_ids = extras.extras, extras.token_ids
             else:
-                token_ids = tokens.tolist()  # the step's one host sync
-            entries = self._logprobs(seqs, hidden, logits, token_ids)
-
+                sampled.extras, sampled.token_ids = extras, tokens.tolist()  # the step's one host sync
+            sampled.logprobs = self._logprobs(seqs, hidden, logits, sampled.token_ids)
         self.gpu_clock.stop()  # a step that samples nothing (a prefill chunk) ends its pair here
+        return sampled
+
+    def _postprocess(self, batch: Any, out: Any, taps: tuple[int, ...], sampled: _Sampled) -> list[StepOutput]:
+        """Advance every span's sequence (its taps), then give each sampled one its token."""
         results: dict[str, StepOutput] = {}
-        blocks = self.scheduler.blocks
         for span in batch.spans:
-            seq = span.seq
-            seq.num_computed_tokens = span.end
-            blocks.cache_computed(seq)
-            res = results[seq.rid] = StepOutput(seq.rid, num_prompt_tokens=seq.num_prompt_tokens)
-            if seq.return_hidden and taps and span.end > seq.num_tapped_tokens:
-                first = max(span.start, seq.num_tapped_tokens)
-                lo, hi = span.row + first - span.start, span.row + span.num_tokens
-                res.taps = {t: out.taps[t][lo:hi].clone() for t in taps}
-                if first > seq.num_tapped_tokens:  # prefix-cached positions: their rows were kept
-                    cached = self.tap_store.read(seq.block_table, seq.num_tapped_tokens, first, taps)
-                    res.taps = {t: torch.cat((cached[t], res.taps[t])) for t in taps}
-                    first = seq.num_tapped_tokens
-                res.tap_start = first
-                res.tap_token_ids = seq.token_ids(first, span.end)
-                seq.num_tapped_tokens = span.end
-        for i, span in enumerate(sampling):
+            results[span.seq.rid] = self._advance(span, out, taps)
+        for i, span in enumerate(sampled.spans):
             res = results[span.seq.rid]
-            if token_ids[i] < 0:
-                self.seqs.pop(span.seq.rid, None)
-                self._finish(span.seq, FinishReason.ABORT)
-                res.taps, res.error_kind = {}, "invalid_request"
-                res.error = "the model's output was not finite for this request (NaN or inf logits): check its inputs"
+            if sampled.token_ids[i] < 0:
+                self._abort_nonfinite(span.seq, res)
                 continue
-            res.new_token_ids = [token_ids[i]]
-            if entries is not None and entries[i] is not None:
-                res.logprobs = [entries[i]]
-            if extras is not None:
-                res.extra = extras[i]
-            self._append_token(span.seq, token_ids[i], res)
+            res.new_token_ids = [sampled.token_ids[i]]
+            if sampled.logprobs is not None and sampled.logprobs[i] is not None:
+                res.logprobs = [sampled.logprobs[i]]
+            if sampled.extras is not None:
+                res.extra = sampled.extras[i]
+            self._append_token(span.seq, sampled.token_ids[i], res)
         return list(results.values())
+
+    def _advance(self, span: Any, out: Any, taps: tuple[int, ...]) -> StepOutput:
+        """The span's tokens are computed (their blocks cacheable); its output, with the taps of
+        positions not yet returned."""
+        seq = span.seq
+        seq.num_computed_tokens = span.end
+        self.scheduler.blocks.cache_computed(seq)
+        res = StepOutput(seq.rid, num_prompt_tokens=seq.num_prompt_tokens)
+        if seq.return_hidden and taps and span.end > seq.num_tapped_tokens:
+            self._taps(span, out, taps, res)
+        return res
+
+    def _taps(self, span: Any, out: Any, taps: tuple[int, ...], res: StepOutput) -> None:
+        seq = span.seq
+        first = max(span.start, seq.num_tapped_tokens)
+        lo, hi = span.row + first - span.start, span.row + span.num_tokens
+        res.taps = {t: out.taps[t][lo:hi].clone() for t in taps}
+        if first > seq.num_tapped_tokens:  # prefix-cached positions: their rows were kept
+            cached = self.tap_store.read(seq.block_table, seq.num_tapped_tokens, first, taps)
+            res.taps = {t: torch.cat((cached[t], res.taps[t])) for t in taps}
+            first = seq.num_tapped_tokens
+        res.tap_start = first
+        res.tap_token_ids = seq.token_ids(first, span.end)
+        seq.num_tapped_tokens = span.end
+
+    def _abort_nonfinite(self, seq: Sequence, res: StepOutput) -> None:
+        """The sampler marks a row whose logits were not finite with -1: that request alone fails."""
+        self.seqs.pop(seq.rid, None)
+        self._finish(seq, FinishReason.ABORT)
+        res.taps, res.error_kind = {}, "invalid_request"
+        res.error = "the model's output was not finite for this request (NaN or inf logits): check its inputs"
 
     def _logprobs(self, seqs: list[Sequence], hidden: torch.Tensor, logits: torch.Tensor | None,
                   token_ids: list[int]) -> list | None:

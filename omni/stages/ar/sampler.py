@@ -37,6 +37,16 @@ SMALL_VOCAB = 32768  # at or below: every batch takes the full path (its sort is
 MAX_MIN_TOKENS_STOPS = 8  # stop ids a row's min_tokens holds back (the first ones)
 
 
+class F(enum.IntEnum):
+    """The columns of `Sampler.fparams` (a slot's float parameters)."""
+    TEMPERATURE, TOP_P, MIN_P, REPETITION, PRESENCE, FREQUENCY = range(6)
+
+
+class I(enum.IntEnum):  # noqa: E742
+    """The columns of `Sampler.iparams` (a slot's integer parameters and its output counter)."""
+    TOP_K, SEED, COUNTER, MIN_TOKENS = range(4)
+
+
 class SampleMode(enum.IntEnum):
     """How much of the pipeline a batch needs (a CUDA-graph key): filters need one sort."""
 
@@ -185,12 +195,12 @@ class Sampler:
         self.scratch_slot = num_slots
         self.processors = list(processors)
         self.vocab_ids = torch.arange(vocab_size, device=dev)
-        self.fparams = torch.zeros(rows, 6, dtype=torch.float32, device=dev)  # temp top_p min_p rep pres freq
-        self.iparams = torch.zeros(rows, 4, dtype=torch.long, device=dev)  # top_k seed counter min_tokens
+        self.fparams = torch.zeros(rows, len(F), dtype=torch.float32, device=dev)
+        self.iparams = torch.zeros(rows, len(I), dtype=torch.long, device=dev)
         # per row its stop ids (padded with its first one; -1: none), masked while counter < min_tokens
         self.stop_ids = torch.full((rows, MAX_MIN_TOKENS_STOPS), -1, dtype=torch.long, device=dev)
-        self.fparams[:, 1] = 1.0
-        self.fparams[:, 3] = 1.0
+        self.fparams[:, F.TOP_P] = 1.0
+        self.fparams[:, F.REPETITION] = 1.0
         self.counts = torch.zeros(rows, vocab_size, dtype=torch.float32, device=dev)
         self.prompt_seen = torch.zeros(rows, vocab_size, dtype=torch.bool, device=dev)
         self.bias = torch.zeros(rows, vocab_size, dtype=torch.float32, device=dev)
@@ -212,9 +222,11 @@ class Sampler:
         p = seq.params
         if seq.sample_seed is None:
             seq.sample_seed = int(p.seed) if p.seed is not None else random.getrandbits(31)
-        self.fparams[slot] = torch.tensor([p.temperature, p.top_p, p.min_p, p.repetition_penalty,
-                                           p.presence_penalty, p.frequency_penalty])
-        self.iparams[slot] = torch.tensor([p.top_k, seq.sample_seed, len(seq.output_token_ids), p.min_tokens])
+        floats = {F.TEMPERATURE: p.temperature, F.TOP_P: p.top_p, F.MIN_P: p.min_p, F.REPETITION: p.repetition_penalty,
+                  F.PRESENCE: p.presence_penalty, F.FREQUENCY: p.frequency_penalty}
+        ints = {I.TOP_K: p.top_k, I.SEED: seq.sample_seed, I.COUNTER: len(seq.output_token_ids), I.MIN_TOKENS: p.min_tokens}
+        self.fparams[slot] = torch.tensor([floats[c] for c in F])
+        self.iparams[slot] = torch.tensor([ints[c] for c in I])
         stops = [t for t in p.stop_token_ids if 0 <= t < self.vocab_size][:MAX_MIN_TOKENS_STOPS] if p.min_tokens else []
         self.stop_ids[slot] = torch.tensor((stops + stops[:1] * MAX_MIN_TOKENS_STOPS)[:MAX_MIN_TOKENS_STOPS]
                                            if stops else [-1] * MAX_MIN_TOKENS_STOPS)
@@ -270,11 +282,12 @@ class Sampler:
         f, i = self.fparams[slots], self.iparams[slots]
         counts = self.counts[slots]
         seen = self.prompt_seen[slots] | (counts > 0)
-        x = apply_penalties(logits.float(), seen, counts, f[:, 3], f[:, 4], f[:, 5]) + self.bias[slots]
-        x = _mask_early_stops(x, self.stop_ids[slots], i[:, 2] < i[:, 3])
+        x = apply_penalties(logits.float(), seen, counts, f[:, F.REPETITION], f[:, F.PRESENCE],
+                            f[:, F.FREQUENCY]) + self.bias[slots]
+        x = _mask_early_stops(x, self.stop_ids[slots], i[:, I.COUNTER] < i[:, I.MIN_TOKENS])
         for processor in self.processors:
             x = processor(x, slots, seqs)
-        rows = RowParams(f[:, 0], i[:, 0], f[:, 1], f[:, 2], i[:, 1], i[:, 2])
+        rows = RowParams(f[:, F.TEMPERATURE], i[:, I.TOP_K], f[:, F.TOP_P], f[:, F.MIN_P], i[:, I.SEED], i[:, I.COUNTER])
         return x, (x if mode == SampleMode.GREEDY else warp(x, rows, mode)), rows
 
     def sample(self, logits: torch.Tensor, slots: torch.Tensor, mode: SampleMode,
@@ -289,7 +302,7 @@ class Sampler:
         tokens = torch.where(nonfinite_rows(logits), torch.full_like(tokens, -1), tokens)
         ones = torch.ones_like(tokens, dtype=torch.float32)
         self.counts.index_put_((slots, tokens.clamp_min(0)), ones, accumulate=True)
-        self.iparams[:, 2].index_put_((slots,), torch.ones_like(tokens), accumulate=True)
+        self.iparams[:, I.COUNTER].index_put_((slots,), torch.ones_like(tokens), accumulate=True)
         return tokens
 
     def _plain_argmax(self, logits: torch.Tensor, slots: torch.Tensor, seqs: "list[Sequence]") -> torch.Tensor:

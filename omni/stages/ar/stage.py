@@ -16,9 +16,8 @@ Model families subclass it and override `build_model` (and, if they need to, `su
 Args: `ARArgs` (omni/stages/ar/args.py: the EngineConfig fields and the stage's own; a subclass
 names its own class in `Args`); `args.backend` picks the engine:
 "builtin" (default, `AREngine`) or "sglang" (`omni.stages.ar.sglang_backend`: SGLang's engine in the
-stage process; where sglang is not importable, set-up fails with `BackendUnavailable`). Sampling from the request's
-params: `params["sampling"][sampling_key]` when the stage sets `sampling_key` (the API's
-convention: "thinker", "talker"), else top-level keys (prefixed with `param_prefix`).
+stage process; where sglang is not importable, set-up fails with `BackendUnavailable`). Sampling:
+`args.default_sampling` under the request's `params["sampling"][<stage name>]` (omni/stages/sampling.py).
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from omni.stages.ar.engine import AREngine, StepOutput
 from omni.stages.ar.model_api import ARModel
 from omni.stages.ar.sequence import SamplingParams
 from omni.stages.gpu_memory import gpu_memory
+from omni.stages.sampling import merged_sampling
 from omni.stages.step_profiler import StepProfiler
 from omni.stages.threads import pin_torch_threads
 
@@ -65,8 +65,6 @@ def copy_input(value: Any) -> Any:
 class ARStage(Stage):
     text_port = "text"
     hidden_port = "hidden"
-    param_prefix = ""
-    sampling_key: str | None = None
     Args: type[ARArgs] = ARArgs
     # The SGLang model class ("package:Class") serving this stage's checkpoint with tap layers'
     # hidden states (backend="sglang" with taps); the family names it, the backend names none.
@@ -241,13 +239,7 @@ class ARStage(Stage):
         )
 
     def sampling_params(self, params: dict[str, Any]) -> SamplingParams:
-        merged = dict(self.ctx.args.default_sampling)
-        n = len(self.param_prefix)
-        if self.sampling_key is not None:
-            merged.update((params.get("sampling") or {}).get(self.sampling_key) or {})
-        else:
-            merged.update({k[n:]: v for k, v in params.items() if k.startswith(self.param_prefix)})
-        return SamplingParams.from_dict(merged)
+        return merged_sampling(self.ctx.args.default_sampling, params, self.ctx.name)
 
     def wants_hidden(self, params: dict[str, Any]) -> bool:
         return bool(params.get("return_hidden")) or self.hidden_port in self.ctx.out_ports

@@ -2,7 +2,7 @@
 stage subclasses (a family adds how requests open and how their prompt rows arrive).
 
 Sampling: transformers' talker defaults, then `args.default_sampling`, then the request's
-`params["sampling"][sampling_key]`; temperature 0 = greedy. Each step emits its new frames as
+`params["sampling"][<stage name>]`; temperature 0 = greedy. Each step emits its new frames as
 one batched Emit(rows=[rid...], codes_port, {"codes": int64 [rows, num_code_groups]}) (one bus
 message per consumer replica, not one per stream; each request's chunk is its row [1, groups]) and
 Emit(rid, finish=True) at codec EOS or max_tokens.
@@ -25,6 +25,7 @@ from omni.stages.ar.stage import ARStage
 from omni.stages.codec_lm.args import CodecLMArgs
 from omni.stages.codec_lm.model import CodecLM
 from omni.stages.codec_lm.request import CodecLMRequest
+from omni.stages.sampling import merged_sampling
 
 # transformers' `generate` defaults for the talker
 DEFAULT_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05, "max_tokens": 4096}
@@ -40,7 +41,7 @@ class CodecLMStream:
 
 
 class CodecLMStage(ARStage):
-    """A subclass sets `sampling_key` (the request's sampling table) and `Args`, builds its model
+    """A subclass sets `Args`, builds its model
     (`build_model`) and feeds the engine (`open` / `feed` / `close_input`, recording each request
     in `_streams`)."""
 
@@ -67,12 +68,14 @@ class CodecLMStage(ARStage):
 
     # ---- requests -------------------------------------------------------------------
     def sampling_params(self, params: dict[str, Any]) -> SamplingParams:
-        """transformers' talker defaults, then `args.default_sampling`, then the request's
-        `params["sampling"][sampling_key]`; codec EOS stops (with `ignore_eos` it is suppressed instead, so the
+        """transformers' talker defaults, then `args.default_sampling`, then the request's fields for
+        this stage; codec EOS stops (with `ignore_eos` it is suppressed instead, so the
         talker makes exactly max_tokens frames), the codec specials are suppressed and
         the repetition penalty covers generated codes only, as in transformers."""
-        merged = {**DEFAULT_SAMPLING, **self.ctx.args.default_sampling}
-        merged.update((params.get("sampling") or {}).get(self.sampling_key) or {})
+        return merged_sampling({**DEFAULT_SAMPLING, **self.ctx.args.default_sampling}, params, self.ctx.name,
+                               self._codec_stops)
+
+    def _codec_stops(self, merged: dict[str, Any]) -> None:
         if merged.get("ignore_eos"):  # exactly max_tokens frames: codec EOS is never sampled
             merged["stop_token_ids"] = ()
             merged["suppress_token_ids"] = (self.model.ids.codec_eos,)
@@ -80,7 +83,6 @@ class CodecLMStage(ARStage):
             merged["stop_token_ids"] = (self.model.ids.codec_eos,)
         # the other codec specials: the model's SuppressTokens processor
         merged["penalty_includes_prompt"] = False
-        return SamplingParams.from_dict(merged)
 
     def abort(self, rid: str) -> None:
         self._streams.pop(rid, None)

@@ -35,5 +35,5 @@ def build(model_dir: str | None = None, variant: str | None = None, **options: A
         ],
     )
     info = ModelInfo(id=voice.model_id, family="piper", speaks=True, voices=[voice.name], sample_rate=rate,
-                     extra={"tasks": ["speech"], "applies_speed": True, "voice_model": str(voice.model)})
+                     tasks=("speech",), applies_speed=True)
     return graph, info

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from omni.layers.rotary import rope_inv_freq
-from omni.models.loading import load_format, model_dir
+from omni.models.loading import arg, load_format, model_dir
 from omni.models.weights import CheckpointError
 
 DEFAULT_STD = 0.02
@@ -149,7 +149,7 @@ _BUILDERS = {
 }
 
 
-def random_part(part: str, args: dict[str, Any], device) -> nn.Module | None:
+def random_part(part: str, args: Any, device) -> nn.Module | None:
     """The stage's model with random weights when its args say `load_format="random"`, else None.
 
     Reads the config from `args["model_dir"]` (or `args["model"]`); `dtype` defaults to bfloat16
@@ -166,5 +166,5 @@ def random_part(part: str, args: dict[str, Any], device) -> nn.Module | None:
     if part not in ("thinker", "audio_encoder", "vision_encoder") and cfg.talker is None:
         raise CheckpointError(f"{where} has no audio output, so no {part}")
     build, sub = _BUILDERS[part](cfg)
-    dtype = getattr(torch, args.get("dtype") or "bfloat16")
-    return build(sub, device=device, dtype=dtype, seed=int(args.get("seed") or 0) + list(_BUILDERS).index(part))
+    dtype = getattr(torch, arg(args, "dtype") or "bfloat16")
+    return build(sub, device=device, dtype=dtype, seed=int(arg(args, "seed") or 0) + list(_BUILDERS).index(part))

@@ -1,5 +1,5 @@
-"""The Qwen3-Omni stage kinds, each with its typed args (stages/args.py); the family's
-`register(registry)` calls `register_stages` (import-light: only `module:attr` strings)."""
+"""The Qwen3-Omni stage kinds, each with its typed args (stages/args.py): the table the family's
+`register(registry)` registers (`registry.register_stage`) (import-light: only `module:attr` strings)."""
 
 _STAGES = "omni.models.qwen3_omni.stages"
 KINDS = {  # kind -> (stage class, args class); graph.py names the classes, the registry knows both
@@ -11,7 +11,3 @@ KINDS = {  # kind -> (stage class, args class); graph.py names the classes, the 
     "qwen3-omni.code2wav": (f"{_STAGES}.code2wav_stage:Code2WavStage", f"{_STAGES}.args:Code2WavArgs"),
 }
 
-
-def register_stages(registry) -> None:
-    for kind, (target, args) in KINDS.items():
-        registry.register_stage(kind, target, args=args)

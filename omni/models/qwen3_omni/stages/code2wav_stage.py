@@ -37,4 +37,4 @@ class Code2WavStage(VocoderStage):
         log.info("code2wav: warm-up chunks at batch %s in %.1f s", list(batches), time.monotonic() - t0)
 
     def build_codec(self) -> Code2Wav:
-        return load_part(Code2Wav, vars(self.ctx.args), self.ctx.device, random=partial(random_part, "code2wav"))
+        return load_part(Code2Wav, self.ctx.args, self.ctx.device, random=partial(random_part, "code2wav"))

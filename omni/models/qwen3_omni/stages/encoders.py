@@ -19,7 +19,7 @@ class AudioEncoderStage(EncoderStage):
     Args = EncoderPartArgs
 
     def build_encoder(self) -> AudioFeaturesEncoder:
-        return AudioFeaturesEncoder(load_part(AudioEncoder, vars(self.ctx.args), self.ctx.device,
+        return AudioFeaturesEncoder(load_part(AudioEncoder, self.ctx.args, self.ctx.device,
                                               random=partial(random_part, "audio_encoder")))
 
 
@@ -29,5 +29,5 @@ class VisionEncoderStage(EncoderStage):
     Args = EncoderPartArgs
 
     def build_encoder(self) -> ImagePatchesEncoder:
-        return ImagePatchesEncoder(load_part(VisionEncoder, vars(self.ctx.args), self.ctx.device,
+        return ImagePatchesEncoder(load_part(VisionEncoder, self.ctx.args, self.ctx.device,
                                              random=partial(random_part, "vision_encoder")))

@@ -2,7 +2,7 @@
 thinker's hidden-state stream.
 
 Per request: `open` takes the voice (`params["voice"]` or `params["speaker"]`) and the talker's sampling
-(`params["sampling"]["talker"]`: temperature, top_k, top_p, repetition_penalty, max_tokens,
+(`params["sampling"][<stage name>]`: temperature, top_k, top_p, repetition_penalty, max_tokens,
 seed; temperature 0 = greedy). `feed(rid, "hidden", data)` takes the thinker's rows for its
 newest tokens, as {"embed": layer 0, "hidden": layer accept_hidden_layer, "token_ids"} (the
 first chunk holds the prompt, or its first `prompt_len` rows do) or
@@ -61,7 +61,6 @@ def _tensor(value: Any) -> torch.Tensor:
 
 
 class TalkerStage(CodecLMStage):
-    sampling_key = "talker"
     Args = TalkerArgs
 
     # ---- set-up ---------------------------------------------------------------------
@@ -72,7 +71,7 @@ class TalkerStage(CodecLMStage):
         if model is None:
             if not args.model_dir and args.model_factory is not None:
                 return super().build_model()
-            model = load_part(TalkerModel, vars(args), self.ctx.device, random=partial(random_part, "talker"),
+            model = load_part(TalkerModel, args, self.ctx.device, random=partial(random_part, "talker"),
                               default_dtype="float32")
         return model
 
@@ -104,7 +103,7 @@ class TalkerStage(CodecLMStage):
             prompt = [ids.im_start, ids.user] + [11] * max(1, n - 5) + [ids.im_start, ids.assistant, 198]
             rows = torch.zeros(len(prompt) + 2, width)
             chunk = {"embed": rows, "hidden": rows, "token_ids": prompt + [11, 11], "prompt_len": len(prompt)}
-            params = {"sampling": {self.sampling_key: {"max_tokens": 3, "ignore_eos": True}}}
+            params = {"sampling": {self.ctx.name: {"max_tokens": 3, "ignore_eos": True}}}
             out.append((params, [("hidden", chunk)]))
         return out
 

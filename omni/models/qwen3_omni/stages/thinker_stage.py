@@ -11,7 +11,7 @@ Per request: the prompt comes from `params["prompt_token_ids"]` and/or `token_id
 encoder outputs arrive as chunks with the keys `Qwen3OmniThinker.prepare` takes
 (`audio_embeds`, `image_embeds`, `image_grid_thw`, `image_deepstack`, `video_*`); a key
 that arrives in several chunks (several audios or images) is concatenated in arrival
-order, which must be prompt order. Sampling: `params["sampling"]["thinker"]`.
+order, which must be prompt order. Sampling: `params["sampling"][<stage name>]` (omni/stages/sampling.py).
 Emits as `ARStage`: `text` {"token_ids", "text": the new text (detokenized incrementally, special
 tokens skipped; with a `model_dir`)}, `hidden` taps ("layer_0", "layer_<accept>"), only for requests
 that want audio (`request.wants_audio`); the request's End carries {"finish_reason", "usage":
@@ -42,7 +42,6 @@ from omni.stages.ar.stage import ARStage, copy_input
 
 
 class ThinkerStage(ARStage):
-    sampling_key = "thinker"
     Args = ThinkerArgs
     sglang_taps_model = "omni.vendor.sglang_models:OmniQwen3MoeTaps"  # SGLang's Qwen3-MoE + the talker's taps
 
@@ -78,7 +77,7 @@ class ThinkerStage(ARStage):
             return args.model
         if not args.model_dir:
             return super().build_model()
-        return load_part(Qwen3OmniThinker, vars(args), self.ctx.device, random=partial(random_part, "thinker"),
+        return load_part(Qwen3OmniThinker, args, self.ctx.device, random=partial(random_part, "thinker"),
                          default_dtype="float32")
 
     def _tensor_parallel_model(self):
@@ -92,7 +91,7 @@ class ThinkerStage(ARStage):
         size = config.tensor_parallel_size
         recipe = ShardRecipe("omni.models.qwen3_omni.modules.thinker_tp:build_shard", {
             "model_dir": str(args.model_dir), "dtype": args.dtype,
-            "load_format": load_format(vars(args)), "seed": args.seed})
+            "load_format": load_format(args), "seed": args.seed})
         cache = CacheRecipe(config.num_blocks, config.block_size, config.dtype, config.attention_backend)
         return TensorParallelModel.launch(recipe, size, rank_devices(self.ctx.device, size), cache)
 
@@ -122,7 +121,7 @@ class ThinkerStage(ARStage):
     def warm_requests(self) -> list:
         """Greedy prompts of each prefill bucket's length (plain token ids, no media)."""
         sampling = {"temperature": 0, "max_tokens": 2, "ignore_eos": True}
-        return [({"prompt_token_ids": [11] * n, "sampling": {self.sampling_key: sampling}}, [])
+        return [({"prompt_token_ids": [11] * n, "sampling": {self.ctx.name: sampling}}, [])
                 for n in self.warm_lengths()]
 
     def submit(self, rid: str, params: dict[str, Any], token_ids: list[int], inputs: dict[str, Any]) -> None:

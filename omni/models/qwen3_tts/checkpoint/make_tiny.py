@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from omni.models.qwen3_tts.checkpoint.presets import PRESETS, Preset, get_preset
-from omni.models.qwen3_tts.config import ARCHITECTURE, KINDS, TOKENIZER_12HZ, parse_config
+from omni.models.qwen3_tts.config import ARCHITECTURE, KINDS, TINY_MARKER, TOKENIZER_12HZ, parse_config
 
-TINY_MARKER = "omni_tiny.json"  # the same marker as Qwen3-Omni's tiny checkpoints
 KIND_NAMES = {"base": "base", "custom-voice": "custom_voice", "voice-design": "voice_design",
               **{k: k for k in KINDS}}
 

@@ -7,7 +7,7 @@ extractor) and model.safetensors with Mimi's flat encoder names (`encoder.encode
 Presets: "tiny-a" and "tiny-b" vary every width, depth, head count, window and rate order omni
 must not hard-code; "full-1.7b" is the published 12Hz tokenizer's sizes (about 0.7 GB of float32,
 so that the reference loads it too in the benchmark). A folder with the config but no weights
-still serves: omni's stages draw the weights at load (`init_decoder_` / `init_encoder_`).
+still serves: omni's stages draw the weights at load (modules/random_init.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import math
 from pathlib import Path
 
 import torch
-from torch import nn
 
+from omni.models.qwen3_tts.modules.random_init import init_decoder_, init_encoder_
 from omni.models.qwen3_tts.modules.speech_tokenizer import MODEL_TYPE, parse_tokenizer_config
 
 PRESETS: dict[str, dict] = {
@@ -79,62 +79,6 @@ def tokenizer_config(preset: str, num_quantizers: int, codebook_size: int) -> di
             "encoder_valid_num_quantizers": num_quantizers, "input_sample_rate": 24000, "output_sample_rate": 24000,
             "decode_upsample_rate": hop, "encode_downsample_rate": hop,
             "decoder_config": decoder, "encoder_config": encoder}
-
-
-@torch.no_grad()
-def _init_(module: nn.Module, seed: int) -> None:
-    """Random weights that keep signals in range through every layer: fan-in scaled matrices,
-    norms near 1, residual scales and Snake parameters of order 0.1, codebooks of unit scale."""
-    gen = torch.Generator().manual_seed(int(seed))
-
-    def draw(shape, std, mean=0.0):
-        return torch.randn(shape, generator=gen) * std + mean
-
-    for name, t in sorted(list(module.named_parameters()) + list(module.named_buffers())):
-        leaf = name.rsplit(".", 1)[-1]
-        if not t.is_floating_point() or leaf == "inv_freq":
-            continue
-        if leaf in ("embedding_sum", "embed_sum"):
-            value = draw(t.shape, 1.0)
-        elif leaf == "cluster_usage":
-            value = torch.rand(t.shape, generator=gen) * 1.5 + 0.5
-        elif leaf == "initialized":
-            value = torch.ones(t.shape)
-        elif leaf in ("scale", "gamma"):
-            value = torch.rand(t.shape, generator=gen) * 0.2 + 0.05
-        elif leaf in ("alpha", "beta"):
-            value = draw(t.shape, 0.2)
-        elif leaf == "bias":
-            value = draw(t.shape, 0.02)
-        elif t.dim() == 1:  # norm weights
-            value = draw(t.shape, 0.05, 1.0)
-        else:
-            fan_in = t[0].numel()
-            value = draw(t.shape, 1.0 / math.sqrt(fan_in))
-        t.copy_(value.to(t.dtype))
-
-
-@torch.no_grad()
-def init_decoder_(model: nn.Module, seed: int = 0, target_std: float = 0.3) -> None:
-    """`_init_`, then the output conv scaled so random codes give speech-like levels (std
-    `target_std`): PCM mostly inside the [-1, 1] clamp, so comparisons see the waveform."""
-    _init_(model, seed)
-    out = model.decoder[-1].conv
-    seen: list[float] = []
-    hook = out.register_forward_hook(lambda _m, _i, o: seen.append(float(o.float().std())))
-    gen = torch.Generator().manual_seed(int(seed))
-    codes = torch.randint(0, model.cfg.codebook_size, (1, model.cfg.num_quantizers, 8), generator=gen)
-    try:
-        model(codes.to(model.device))
-    finally:
-        hook.remove()
-    gain = target_std / max(seen[0], 1e-6)
-    out.weight.mul_(gain)
-    out.bias.mul_(gain)
-
-
-def init_encoder_(model: nn.Module, seed: int = 0) -> None:
-    _init_(model, seed + 1)
 
 
 def write_tiny_tokenizer(out_dir: Path, *, num_quantizers: int, codebook_size: int, preset: str, seed: int) -> None:

@@ -107,7 +107,7 @@ class SpeechTokenizerDecoder(StreamingWaveDecoder):
         if has_weights(tokenizer_dir):
             load_into(model, tokenizer_dir, PREFIX, dtype=dtype, device=device)
         else:
-            from omni.models.qwen3_tts.checkpoint.tiny_tokenizer import init_decoder_
+            from omni.models.qwen3_tts.modules.random_init import init_decoder_
 
             init_decoder_(model, seed)
             if dtype is not None:

@@ -244,7 +244,7 @@ class SpeechTokenizerEncoder(nn.Module):
         if has_weights(tokenizer_dir):
             load_into(model, tokenizer_dir, PREFIX, dtype=dtype, device=device, allow_unused=True)
         else:
-            from omni.models.qwen3_tts.checkpoint.tiny_tokenizer import init_encoder_
+            from omni.models.qwen3_tts.modules.random_init import init_encoder_
 
             init_encoder_(model, seed)
             if dtype is not None:

@@ -6,7 +6,7 @@ from the voice stage ({"spk_embedding": [H], "ref_codes": [T, G] or None, "ref_t
 every inbound edge has ended (`close_input`) the prompt is built and the sequence enters the
 engine, batched with every other running request. Sampling: the checkpoint's
 generation_config (the graph passes it as `default_sampling`), then the request's
-`params["sampling"]["talker"]`; temperature 0 = greedy talker and code predictor; the
+`params["sampling"][<stage name>]`; temperature 0 = greedy talker and code predictor; the
 reference's `min_new_tokens=2` holds (codec EOS cannot come first or second).
 
 Emits on `codes`: {"ref_codes": [T, G]} first for an in-context clone (the codec decodes the
@@ -37,7 +37,6 @@ MIN_NEW_TOKENS = 2  # the reference's generate: codec EOS is suppressed for the 
 
 class TTSTalkerStage(CodecLMStage):
     codes_port = "codes"
-    sampling_key = "talker"
     Args = TTSTalkerArgs
 
     def __init__(self, ctx: StageContext) -> None:
@@ -49,7 +48,7 @@ class TTSTalkerStage(CodecLMStage):
         model = self.ctx.args.model
         if isinstance(model, TTSTalkerModel):
             return model
-        return load_part(TTSTalkerModel, vars(self.ctx.args), self.ctx.device, default_dtype="float32")
+        return load_part(TTSTalkerModel, self.ctx.args, self.ctx.device, default_dtype="float32")
 
     def engine_ready(self) -> None:
         self.model = self.engine.model
@@ -157,7 +156,7 @@ class TTSTalkerStage(CodecLMStage):
                                          "ref_codes": codes, "ref_text": "warm"}))
             else:
                 prompt["instruct_ids"] = [pad] * extra
-            params = {"sampling": {self.sampling_key: {"max_tokens": 3, "ignore_eos": True}}}
+            params = {"sampling": {self.ctx.name: {"max_tokens": 3, "ignore_eos": True}}}
             out.append((params, chunks))
         return out
 

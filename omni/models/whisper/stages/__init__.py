@@ -1,5 +1,5 @@
-"""The Whisper stage kinds, each with its typed args (stages/args.py); the family's
-`register(registry)` calls `register_stages` (import-light: only `module:attr` strings)."""
+"""The Whisper stage kinds, each with its typed args (stages/args.py): the table the family's
+`register(registry)` registers (`registry.register_stage`) (import-light: only `module:attr` strings)."""
 
 _STAGES = "omni.models.whisper.stages"
 KINDS = {  # kind -> (stage class, args class)
@@ -7,7 +7,3 @@ KINDS = {  # kind -> (stage class, args class)
     "whisper.decoder": (f"{_STAGES}.decoder_stage:WhisperDecoderStage", f"{_STAGES}.args:WhisperDecoderArgs"),
 }
 
-
-def register_stages(registry) -> None:
-    for kind, (target, args) in KINDS.items():
-        registry.register_stage(kind, target, args=args)

@@ -40,6 +40,7 @@ from omni.stages.args import coerce_args
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.engine import AREngine
 from omni.stages.ar.sequence import SamplingParams
+from omni.stages.sampling import merged_sampling
 from omni.stages.threads import pin_torch_threads
 
 DETECT = "lang"  # engine rid suffix of a language-detection sequence (windows: "<index>:<pass>")
@@ -133,16 +134,15 @@ class WhisperDecoderStage(Stage):
                 raise InvalidRequest("this Whisper is English-only: it cannot translate")
             if lang_id is not None and lang_id != cfg.language_token("en"):
                 raise InvalidRequest(f"this Whisper is English-only; language {language!r} is not supported")
-        sampling = dict(self.ctx.args.default_sampling)
-        sampling.update((params.get("sampling") or {}).get(self.ctx.name) or {})
-        sampling.setdefault("max_tokens", cfg.max_target_positions // 2)
+        sampling = merged_sampling({"max_tokens": cfg.max_target_positions // 2, **self.ctx.args.default_sampling},
+                                   params, self.ctx.name)
         prompt = params.get("prompt")
         words = bool(params.get("word_timestamps"))
         if words and not self.alignment_heads:
             raise InvalidRequest("this Whisper checkpoint names no alignment heads (generation_config.json): "
                                  "it cannot time words")
         self.requests[rid] = _Request(task, lang_id, bool(params.get("timestamps")) or words,
-                                      prompt if isinstance(prompt, str) else None, SamplingParams.from_dict(sampling),
+                                      prompt if isinstance(prompt, str) else None, sampling,
                                       words=words, stream=bool(params.get("stream")) and not params.get("timestamps"))
 
     def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:

@@ -1,8 +1,6 @@
-"""The payload-channel contract the actor speaks, the lookup of channels by name, and the choice
-of a channel per edge.
-
-Channels live in `omni.transport` (a higher layer that may import torch); the kernel only
-knows this contract and loads an implementation by name, like a plugin.
+"""The payload-channel contract the kernel's actors speak, the lookup of channels by name, and the
+choice of a channel per edge: how arrays cross an edge, so it lives with the channels, not in the
+kernel. The implementations (which may import torch) are loaded by name, like plugins.
 
 Producer side: `writer.write(name, array) -> (PayloadDesc, frames)` places one array
 (raising `ChannelFull` when its arena has no room: the actor then waits for credits) and
@@ -19,8 +17,8 @@ from typing import Any
 
 from omni.kernel.graph import OUT, EdgeSpec, Graph
 from omni.kernel.messages import PayloadDesc, RequestChunk
-from omni.transport.arrays import is_array
 
+INLINE_MAX_BYTES = 16 << 10  # smaller arrays ride as zmq frames whatever an "auto" edge's channel
 CHANNELS: dict[str, str] = {
     "inline": "omni.transport.inline:InlineChannel",
     "shm": "omni.transport.shm:ShmChannel",
@@ -106,3 +104,32 @@ class Readers:
     def close(self) -> None:
         for reader in self._open.values():
             reader.close()
+
+
+class Writers:
+    """The producer side of every channel one replica writes to, each opened on first use."""
+
+    def __init__(self, graph: Graph, owner: str, arena_bytes: int) -> None:
+        self.graph, self.owner, self.arena_bytes = graph, owner, arena_bytes
+        self._open: dict[str, Any] = {}
+
+    def get(self, channel: str) -> Any:
+        if channel not in self._open:
+            self._open[channel] = load_channel(channel).writer(self.owner, self.arena_bytes)
+        return self._open[channel]
+
+    def write(self, edge: EdgeSpec, key: str, value: Any) -> tuple[PayloadDesc, list[Any]]:
+        """One array on `edge`'s channel (a small one inline on an "auto" shm edge); raises
+        ChannelFull when the arena has no room now, PayloadTooLarge when it never will."""
+        channel = channel_of(self.graph, edge)
+        if edge.channel == "auto" and channel == "shm" and getattr(value, "nbytes", 0) <= INLINE_MAX_BYTES:
+            channel = "inline"
+        return self.get(channel).write(key, value)
+
+    def free_on(self, edge_id: int, token: int) -> None:
+        """Take back a payload slot of edge `edge_id` (its consumer credited it, or is gone)."""
+        self.get(channel_of(self.graph, self.graph.edges[edge_id])).free(token)
+
+    def close(self) -> None:
+        for writer in self._open.values():
+            writer.close()

@@ -1,4 +1,4 @@
-"""The demo pipeline: encoder -> batched toy generator -> chunked toy vocoder.
+"""The demo family's stages and graph: encoder -> batched toy generator -> chunked toy vocoder.
 
 It is the kernel's own test bed (and `omnid serve`'s default until a real model is given):
 small stages with the compute shapes of an omni model, no weights. The generator works in
@@ -18,8 +18,9 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
-from omni.kernel.registry import STAGES
 from omni.kernel.stage import Emit, Stage
+import omni.models.registry  # noqa: F401  (registers the demo's kinds, the one way, in the kernel's table)
+from omni.stages.sampling import request_sampling
 
 DIM = 16
 VOCAB = "abcdefghijklmnopqrstuvwxyz .,!?"
@@ -112,8 +113,8 @@ class ToyGenerator(Stage):
         self.steps = 0
 
     def open(self, rid: str, params: dict[str, Any]) -> None:
-        sampling = params.get("sampling", {}).get(self.ctx.name) or {}
-        max_tokens = int(sampling.get("max_tokens", params.get("max_tokens", DEFAULT_MAX_TOKENS)))
+        given = request_sampling(params, self.ctx.name)
+        max_tokens = int(given.max_tokens if given and given.max_tokens else params.get("max_tokens", DEFAULT_MAX_TOKENS))
         if not 1 <= max_tokens <= 100_000:
             raise InvalidRequest(f"max_tokens must be in [1, 100000], got {max_tokens}")
         self.seqs[rid] = _Sequence(max_tokens)
@@ -234,13 +235,6 @@ def synthesize(frames: np.ndarray, first_index: int) -> np.ndarray:
     return np.concatenate(out).astype(np.float32)
 
 
-# Registered here as well as by the demo family, so the kernel's tests and a library-mode user
-# (README) run the demo with the kernel alone, no model registry.
-KINDS = {"demo.encoder": "omni.stages.demo:ToyEncoder", "demo.generator": "omni.stages.demo:ToyGenerator",
-         "demo.vocoder": "omni.stages.demo:ToyVocoder"}
-STAGES.add({"kinds": KINDS})
-
-
 def demo_graph(**stage_args: dict[str, Any]) -> Graph:
     """encoder -> generator -> vocoder; text from the generator, audio from the vocoder."""
     return Graph(
@@ -256,7 +250,7 @@ def demo_graph(**stage_args: dict[str, Any]) -> Graph:
             EdgeSpec("generator", "frames", "vocoder"),
             EdgeSpec("vocoder", "audio", OUT),
         ],
-        needs="omni.stages.demo:needs",
+        needs="omni.models.demo.stages:needs",
     )
 
 
