@@ -33,6 +33,9 @@ import torch
 from torch import nn
 
 from omni.kernel.errors import InvalidRequest
+from omni.layers.fp8 import device_runs_fp8, resolve_state
+from omni.layers.fp8_format import checkpoint_format
+from omni.layers.fp8_modules import convert_shells_, quantize_at_load_
 from omni.models.qwen3_omni.config import ThinkerConfig, load_config
 from omni.layers.norms import RMSNorm
 from omni.layers.rotary import DEFAULT_MROPE_SECTION, mrope_cos_sin, rope_inv_freq
@@ -110,18 +113,26 @@ class Qwen3OmniThinker(nn.Module, ARModel):
 
     # ---- construction ----------------------------------------------------------------
     @classmethod
-    def from_checkpoint(cls, ckpt_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None):
-        cfg = load_config(ckpt_dir).thinker
-        state = load_state_dict(ckpt_dir, "thinker", dtype=dtype)
-        model = cls(cfg, dtype or torch.float32)
+    def from_checkpoint(cls, ckpt_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
+                        quantization: str = ""):
+        """FP8 weights (a checkpoint's e4m3 + block scales, or `quantization="fp8"` of a bf16 one) stay
+        e4m3 on a device with FP8 kernels; elsewhere they are dequantized to `dtype` (`omni.layers.fp8`)."""
+        full = load_config(ckpt_dir)
+        fmt, keep = checkpoint_format(full.raw), device_runs_fp8(device)
+        state = resolve_state(load_state_dict(ckpt_dir, "thinker", dtype=dtype, fp8=True), fmt, dtype, keep,
+                              where=f"{ckpt_dir} (thinker)")
+        model = cls(full.thinker, dtype or torch.float32)
         model.load_weights(state)
-        return model.to(device).eval()
+        model = model.to(device).eval()
+        quantize_at_load_(model, quantization, fmt, keep)
+        return model
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Copy weights named as in the checkpoint or in transformers' module (see `text_state_dict`)."""
         ours = text_state_dict(state, self.cfg.text)
         if "lm_head.weight" not in ours and self.cfg.raw.get("text_config", {}).get("tie_word_embeddings"):
             ours["lm_head.weight"] = ours["model.embed_tokens.weight"]
+        convert_shells_(self, ours)  # FP8 pairs: their linears and experts made e4m3
         want = self.state_dict()
         missing = sorted(set(want) - set(ours))
         if missing:
