@@ -147,14 +147,17 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
     return F.linear(x, dequantize_blocks(weight, scale, x.dtype))
 
 
-def reference_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, quantize_act: bool = True
-                     ) -> torch.Tensor:
-    """float32 torch reference of the kernel's maths (tests): x quantized per row and 128-group as
-    the kernel does (`quantize_act`), times the dequantized weights."""
+def quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """float32 x as the kernels see it: per row and 128-group, e4m3 of x / (amax / 448), times that scale."""
     k = x.shape[-1]
     a = x.float().reshape(-1, k // GROUP, GROUP)
-    if quantize_act:
-        s = a.abs().amax(-1, keepdim=True).clamp_min(ACT_EPS) / E4M3_MAX
-        a = (a / s).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).float() * s
-    w = dequantize_blocks(weight, scale, torch.float32)
-    return (a.reshape(-1, k) @ w.T).reshape(*x.shape[:-1], weight.shape[0])
+    s = a.abs().amax(-1, keepdim=True).clamp_min(ACT_EPS) / E4M3_MAX
+    return ((a / s).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).float() * s).reshape(x.shape)
+
+
+def reference_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, quantize_act: bool = True
+                     ) -> torch.Tensor:
+    """float32 torch reference of the kernel's maths (tests): x quantized as the kernel does
+    (`quantize_act`, `quantized_activations`), times the dequantized weights."""
+    a = quantized_activations(x) if quantize_act else x.float()
+    return a @ dequantize_blocks(weight, scale, torch.float32).T
