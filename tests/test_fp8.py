@@ -26,6 +26,7 @@ from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker  # noqa: E40
 from omni.stages.ar.config import EngineConfig  # noqa: E402
 from omni.stages.ar.engine import AREngine  # noqa: E402
 from omni.stages.ar.sequence import SamplingParams  # noqa: E402
+from test_fp8_kernels import whole_block_thinker  # noqa: E402
 
 IDS = token_ids()
 PUBLISHED = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
@@ -213,24 +214,11 @@ def test_quantization_fp8_at_load_equals_the_fp8_checkpoint(ckpts):
         Qwen3OmniThinker.from_checkpoint(plain, quantization="int4")
 
 
-def _whole_block_thinker(seed: int = 0):
-    """A random thinker whose decoder linears are whole 128x128 blocks (what the FP8 kernels take)."""
-    from omni.models.qwen3_omni.checkpoint.presets_full import scaled_config
-    from omni.models.qwen3_omni.checkpoint.random_load import random_thinker
-    from omni.models.qwen3_omni.config import _thinker
-
-    text = scaled_config()["thinker_config"]["text_config"]
-    text.update(vocab_size=512, hidden_size=128, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                head_dim=64, moe_intermediate_size=128, num_experts=4, num_experts_per_tok=2)
-    text["rope_parameters"]["mrope_section"] = [16, 8, 8]
-    return random_thinker(_thinker({"text_config": text}), "cpu", torch.float32, seed=seed, std=0.05)
-
-
 def test_fp8_modules_compute_what_the_dequantized_model_does():
     """Kept e4m3 (as on a GPU): linears become Fp8Linear, experts e4m3 with block scales; off CUDA
     they run dequantized, so greedy tokens equal the CPU path's (weights dequantized at load)."""
     torch.set_num_threads(1)
-    kept, dequantized = _whole_block_thinker(), _whole_block_thinker()
+    kept, dequantized = whole_block_thinker(), whole_block_thinker()
     assert quantize_(kept, Fp8Format(), keep_fp8=True) == quantize_(dequantized, Fp8Format(), keep_fp8=False) == 2 * 5
     layer = kept.model.layers[0]
     assert isinstance(layer.self_attn.q_proj, Fp8Linear) and is_fp8_experts(layer.mlp.experts)

@@ -80,6 +80,19 @@ def _moe_reference(x, weights, chosen, gq, gs, dq, ds, quantize_act: bool):
     return out
 
 
+def whole_block_thinker(device: str = "cpu", dtype=torch.float32, seed: int = 0):
+    """A random thinker whose decoder linears are whole 128x128 blocks (what the FP8 kernels take)."""
+    from omni.models.qwen3_omni.checkpoint.presets_full import scaled_config
+    from omni.models.qwen3_omni.checkpoint.random_load import random_thinker
+    from omni.models.qwen3_omni.config import _thinker
+
+    text = scaled_config()["thinker_config"]["text_config"]
+    text.update(vocab_size=512, hidden_size=128, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=64, moe_intermediate_size=128, num_experts=4, num_experts_per_tok=2)
+    text["rope_parameters"]["mrope_section"] = [16, 8, 8]
+    return random_thinker(_thinker({"text_config": text}), device, dtype, seed=seed, std=0.05)
+
+
 def _err(got, ref):
     return (got.float() - ref).abs().max().item() / ref.abs().max().item()
 
@@ -220,3 +233,44 @@ def test_fp8_kernels_inside_a_cuda_graph():
         graph.replay()
         torch.testing.assert_close(dense, block_fp8_matmul(x, q, s), rtol=0, atol=0)
         torch.testing.assert_close(moe, fused_fp8_experts(*case), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_fp8_thinker_on_the_engine_with_cuda_graphs():
+    """An FP8 thinker (Fp8Linear + FP8 experts) decodes from CUDA graphs with the fused ops on, and its
+    prompt's final hidden states stay within activation rounding of the dequantized bf16 model's."""
+    pytest.importorskip("triton")
+    from omni.layers.fp8_format import Fp8Format
+    from omni.layers.fp8_modules import Fp8Linear, quantize_
+    from omni.stages.ar.config import EngineConfig
+    from omni.stages.ar.engine import AREngine
+    from omni.stages.ar.sequence import SamplingParams
+
+    kept, ref = whole_block_thinker("cuda", torch.bfloat16), whole_block_thinker("cuda", torch.bfloat16)
+    quantize_(kept, Fp8Format(), keep_fp8=True)
+    quantize_(ref, Fp8Format(), keep_fp8=False)
+    assert isinstance(kept.model.layers[0].self_attn.o_proj, Fp8Linear)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (5, 9, 17, 30)]
+
+    def run(model, graphs: bool):
+        layers = model.cfg.text.num_layers
+        eng = AREngine(model, EngineConfig(block_size=16, num_blocks=64, max_num_seqs=4, max_model_len=128,
+                                           device="cuda", cuda_graphs=graphs, attention_backend="triton",
+                                           tap_layers=(layers,)))
+        seqs = [eng.add_request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+                                return_hidden=True) for i, p in enumerate(prompts)]
+        prefill = {}
+        while eng.has_unfinished():
+            for out in eng.step():
+                prefill.setdefault(out.rid, out.taps[layers])  # the first rows: the prompt's
+        hidden = torch.cat([prefill[s.rid][: len(p)] for s, p in zip(seqs, prompts)]).float()
+        return [t for s in seqs for t in s.output_token_ids], hidden, eng.stats()
+
+    graphed, hidden, stats = run(kept, True)
+    eager, _, _ = run(kept, False)
+    _, hidden_ref, _ = run(ref, True)
+    assert stats.get("decode_graph_steps"), stats
+    assert sum(x == y for x, y in zip(graphed, eager)) >= 0.9 * len(eager)
+    cos = torch.nn.functional.cosine_similarity(hidden, hidden_ref, dim=-1)
+    assert cos.mean() >= 0.99 and cos.min() >= 0.95, (cos.mean(), cos.min())  # the prompt rows, teacher-forced
