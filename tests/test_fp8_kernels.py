@@ -12,7 +12,9 @@ M = 1, 16, 64, 512 on the real Qwen3-Omni-30B-A3B shapes, and inside a CUDA grap
 Tolerances (GPU): against the same maths in float32 (x quantized per 128-group as the kernel does,
 times the dequantized weights) max |err| <= 1e-2 max |ref| (bf16 output, accumulation order);
 against the dequantized bf16 matmul (x unquantized) max |err| <= 8e-2 max |ref| and RMS err <=
-5e-2 RMS ref: e4m3 activations carry 3 mantissa bits (relative rounding up to 2^-4 an element).
+5e-2 RMS ref for the dense GEMM (e4m3 activations carry 3 mantissa bits: an element's rounding is up
+to 2^-4 of it, ~2.7% RMS, and stays that in a sum of independent terms); for the MoE, whose x and h
+are both rounded (h's error adds the gate and up errors through SiLU), 1e-1 and 8e-2.
 """
 
 from __future__ import annotations
@@ -207,7 +209,7 @@ def test_fp8_moe_matches_the_dequantized_bf16_experts(shape, tokens):
     rms = ((got.float() - bf16).pow(2).mean().sqrt() / bf16.pow(2).mean().sqrt()).item()
     assert got.dtype == torch.bfloat16 and got.shape == case[0].shape
     assert _err(got, exact) <= 1e-2, _err(got, exact)
-    assert _err(got, bf16) <= 8e-2 and rms <= 5e-2, (_err(got, bf16), rms)
+    assert _err(got, bf16) <= 1e-1 and rms <= 8e-2, (_err(got, bf16), rms)
 
 
 @pytest.mark.gpu
