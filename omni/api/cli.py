@@ -102,8 +102,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="weights dtype of every GPU-capable stage, e.g. bfloat16 (per stage: --set "
                              "NAME.args.dtype=...); default: the family's")
     parser.add_argument("--quantization", default=None, choices=("fp8",),
-                        help="quantize the weights of every stage that takes it (the thinker and talker decoders: "
-                             "block-scaled FP8) at load; per stage: --set NAME.args.quantization=fp8")
+                        help="quantize the weights of every stage whose args take a quantization (block-scaled FP8 "
+                             "decoder linears) at load; per stage: --set NAME.args.quantization=fp8")
     parser.add_argument("--config", default=None, help="TOML/YAML file of [stages.<name>] overrides")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="STAGE.FIELD=VALUE",
                         help="override one stage field; repeatable")
