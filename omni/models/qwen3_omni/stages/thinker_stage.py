@@ -64,6 +64,9 @@ class ThinkerStage(ARStage):
     def sglang_model_path(self) -> str:
         """SGLang serves the thinker's text model, exported once as a Qwen3-MoE checkpoint."""
         args = self.ctx.args
+        if args.quantization:
+            raise GraphError(f"stage {self.ctx.name!r}: quantization={args.quantization!r} is omni's (backend "
+                             "'builtin'); the sglang backend would serve bf16 weights")
         if args.sglang_model_path or not args.model_dir:
             return super().sglang_model_path()
         from omni.models.qwen3_omni.checkpoint.export_text import cached_export
