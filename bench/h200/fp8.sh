@@ -3,15 +3,17 @@
 # matmul at M = 1, 16, 64, 512 on the real shapes, inside a CUDA graph, an FP8 thinker on the engine), then
 # bench/fp8_thinker.py on the full-size random thinker: weights GB bf16 vs fp8 (and KV blocks freed), decode
 # ms per token at batch 1 and 64 in bf16 vs fp8 (CUDA graphs + Triton paged decode), and the teacher-forced
-# top-1 agreement of the FP8 thinker with its dequantized bf16 twin over 2,048 positions. carry: .whl
-# Everything lands in $OUT as it goes: gpu_tests.log, fp8_thinker.json (rewritten after every part),
-# fp8_thinker.log, fp8.log. Environment: PARTS (tests,bench), TESTS_S (200), BENCH_S (360),
-#   BENCH_ARGS ("--batch 1,64 --tokens 32 --positions 2048"), GPU_TEST_FILES (tests/test_fp8_kernels.py
-#   tests/test_moe_triton.py).
+# top-1 agreement of the FP8 thinker with its dequantized bf16 twin over 2,048 positions; between them
+# bench/fp8_kernels.py (each FP8 kernel vs its bf16 counterpart, us per call, thinker shapes). carry: .whl
+# Everything lands in $OUT as it goes: gpu_tests.log, fp8_kernels.json, fp8_thinker.json (rewritten after
+# every part), the logs, fp8.log. Whole script <= 9.5 min. Environment: PARTS (tests,kernels,bench),
+#   TESTS_S (150), KERNELS_S (60), BENCH_S (330), KERNELS_ARGS ("--rows 1,16,64,512"; add --sweep for the
+#   dense config grid, ~2 min more), BENCH_ARGS ("--batch 1,64 --tokens 32 --positions 2048"),
+#   GPU_TEST_FILES (tests/test_fp8_kernels.py).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(mktemp -d /tmp/fp8-out.XXXX)}
-PARTS=",${PARTS:-tests,bench},"
+PARTS=",${PARTS:-tests,kernels,bench},"
 has() { [[ "$PARTS" == *,$1,* ]]; }
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/fp8.log"; }
 [ -d /tmp/whl ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/whl .whl/*.whl || exit 2
@@ -20,14 +22,21 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 if has tests; then
   log "gpu tests"
   # shellcheck disable=SC2086
-  timeout ${TESTS_S:-200} python3 -m pytest -q -o addopts="" -m gpu -p no:cacheprovider -rA \
-    ${GPU_TEST_FILES:-tests/test_fp8_kernels.py tests/test_moe_triton.py} > "$OUT/gpu_tests.log" 2>&1
+  timeout ${TESTS_S:-150} python3 -m pytest -q -o addopts="" -m gpu -p no:cacheprovider -rA \
+    ${GPU_TEST_FILES:-tests/test_fp8_kernels.py} > "$OUT/gpu_tests.log" 2>&1
   log "gpu tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -40 | tee -a "$OUT/fp8.log"
+fi
+if has kernels; then
+  log "fp8 kernels vs bf16"
+  # shellcheck disable=SC2086
+  timeout ${KERNELS_S:-60} python3 bench/fp8_kernels.py ${KERNELS_ARGS:---rows 1,16,64,512} --out "$OUT/fp8_kernels.json" \
+    > "$OUT/fp8_kernels.log" 2>&1
+  log "kernels rc=$?"; tail -20 "$OUT/fp8_kernels.log" | tee -a "$OUT/fp8.log"
 fi
 if has bench; then
   log "fp8 thinker bench"
   # shellcheck disable=SC2086
-  timeout ${BENCH_S:-360} python3 bench/fp8_thinker.py ${BENCH_ARGS:---batch 1,64 --tokens 32 --positions 2048} \
+  timeout ${BENCH_S:-330} python3 bench/fp8_thinker.py ${BENCH_ARGS:---batch 1,64 --tokens 32 --positions 2048} \
     --out "$OUT/fp8_thinker.json" > "$OUT/fp8_thinker.log" 2>&1
   log "bench rc=$?"; tail -15 "$OUT/fp8_thinker.log" | tee -a "$OUT/fp8.log"
 fi
