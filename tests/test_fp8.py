@@ -264,3 +264,25 @@ def test_random_weights_in_fp8(tmp_path):
     q, s = quantize_blocks(wa)
     assert torch.equal(wb, dequantize_blocks(q, s))
     assert torch.equal(a.lm_head.weight, b.lm_head.weight)  # bf16 modules untouched
+
+
+def test_text_checkpoint_writer_in_fp8(tmp_path):
+    """The full-width Qwen3-MoE text writer (the equal-work checkpoint SGLang loads too) in FP8: the same
+    draws in the published layout; omni's loader dequantizes them on the CPU."""
+    from safetensors import safe_open
+
+    from omni.models.qwen3_omni.checkpoint.text_checkpoint import load_text_thinker, write_text_checkpoint
+
+    plain = write_text_checkpoint(tmp_path / "bf16", layers=1, scaled=True, device="cpu")
+    fp8 = write_text_checkpoint(tmp_path / "fp8", layers=1, scaled=True, device="cpu", fp8=True)
+    assert checkpoint_format(json.loads((fp8 / "config.json").read_text())) is not None
+    shard = next(p for p in sorted(fp8.glob("*.safetensors")))
+    with safe_open(str(shard), framework="pt") as f:
+        assert f.get_slice("model.layers.0.mlp.experts.0.gate_proj.weight").get_dtype() == "F8_E4M3"
+        assert "model.layers.0.mlp.experts.0.gate_proj.weight_scale_inv" in f.keys()
+        assert f.get_slice("model.layers.0.mlp.gate.weight").get_dtype() == "BF16"
+    a, b = load_text_thinker(plain), load_text_thinker(fp8)
+    for name in ("model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.experts.down_proj"):
+        raw, got = a.state_dict()[name], b.state_dict()[name]
+        assert torch.equal(got, dequantize_blocks(*quantize_blocks(raw), raw.dtype))
+    assert torch.equal(a.lm_head.weight, b.lm_head.weight)
