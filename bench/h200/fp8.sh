@@ -10,6 +10,9 @@
 #   TESTS_S (150), KERNELS_S (60), BENCH_S (330), KERNELS_ARGS ("--rows 1,16,64,512"; add --sweep for the
 #   dense config grid, ~2 min more), BENCH_ARGS ("--batch 1,64 --tokens 32 --positions 2048"),
 #   GPU_TEST_FILES (tests/test_fp8_kernels.py).
+# Part `suite` (not in the default PARTS; a call of its own, ~6 min): the speech serving suite at
+#   c = 1,16,64 with omnid --quantization fp8 (SUITE_QUANT=bf16: the same without it, for the RTF comparison),
+#   into $OUT/suite-<label>.md/.json; SUITE_S (380), SUITE_ARGS (extra gpu_suite.py arguments).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(mktemp -d /tmp/fp8-out.XXXX)}
@@ -39,4 +42,16 @@ if has bench; then
   timeout ${BENCH_S:-330} python3 bench/fp8_thinker.py ${BENCH_ARGS:---batch 1,64 --tokens 32 --positions 2048} \
     --out "$OUT/fp8_thinker.json" > "$OUT/fp8_thinker.log" 2>&1
   log "bench rc=$?"; tail -15 "$OUT/fp8_thinker.log" | tee -a "$OUT/fp8.log"
+fi
+if has suite; then
+  label=omni-${SUITE_QUANT:-fp8}
+  quant=(); [ "${SUITE_QUANT:-fp8}" = fp8 ] && quant=(--omnid-arg=--quantization --omnid-arg=fp8)
+  log "speech suite $label"
+  # shellcheck disable=SC2086
+  timeout ${SUITE_S:-380} python3 bench/gpu_suite.py --out-dir /tmp/suite-$label --label $label --no-hf \
+    --concurrency 1,16,64 --cold= --greedy-levels= --budget-s $(( ${SUITE_S:-380} - 20 )) "${quant[@]}" ${SUITE_ARGS:-} \
+    > "$OUT/suite-$label.log" 2>&1
+  log "suite rc=$?"
+  cp /tmp/suite-$label/suite.md "$OUT/suite-$label.md" 2>/dev/null; cp /tmp/suite-$label/suite.json "$OUT/suite-$label.json" 2>/dev/null
+  tail -20 "$OUT/suite-$label.md" 2>/dev/null | tee -a "$OUT/fp8.log"
 fi
