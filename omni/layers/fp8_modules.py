@@ -10,6 +10,7 @@ quantization, so a CPU run computes on the numbers an FP8 GPU run holds.
 
 from __future__ import annotations
 
+import logging
 import re
 
 import torch
@@ -20,6 +21,7 @@ from omni.layers.fp8 import E4M3, SCALE_SUFFIX, dequantize_blocks, fits_blocks, 
 from omni.layers.fp8_format import BLOCK, Fp8Format, requested
 
 EXPERT_PARAMS = ("gate_up_proj", "down_proj")
+log = logging.getLogger("omni.fp8")
 
 
 class Fp8Linear(nn.Module):
@@ -131,6 +133,8 @@ def quantize_(model: nn.Module, fmt: Fp8Format, keep_fp8: bool) -> int:
                     weight.copy_(dequantize_experts(q, s, param, weight.dtype))
                 del q, s
             changed += 1
+    log.info("%s: %d modules quantized to FP8 (%s)", type(model).__name__, changed,
+             "e4m3 kept for the FP8 kernels" if keep_fp8 else "dequantized: no FP8 kernels on this device")
     return changed
 
 
