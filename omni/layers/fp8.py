@@ -9,6 +9,7 @@ GPU run holds. Scales: one float32 per 128x128 block, amax / 448 (blocks of zero
 
 from __future__ import annotations
 
+import logging
 import re
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from omni.layers.fp8_format import BLOCK, Fp8Format, QuantizationError
 
 E4M3 = torch.float8_e4m3fn
+log = logging.getLogger("omni.fp8")
 E4M3_MAX = 448.0
 SCALE_SUFFIX = "_scale_inv"  # `X.weight` -> `X.weight_scale_inv`; stacked experts `gate_up_proj_scale_inv`
 
@@ -103,6 +105,7 @@ def resolve_state(state: dict[str, torch.Tensor], checkpoint: Fp8Format | None, 
         raise QuantizationError(f"{where}: has FP8 block scales ({scales[0]}, ...) but its config declares no "
                                 "quantization_config")
     out = dict(state)
+    kept = 0
     for name in scales:
         base = name[: -len(SCALE_SUFFIX)]
         q = out.get(base)
@@ -111,9 +114,12 @@ def resolve_state(state: dict[str, torch.Tensor], checkpoint: Fp8Format | None, 
                                     f"{'missing' if q is None else q.dtype} (FP8 weights are e4m3)")
         block = checkpoint.block if checkpoint else BLOCK
         if keep_fp8 and runs_fp8_linear(base) and fits_blocks(q.shape, block):
+            kept += 1
             continue
         out[base] = dequantize_blocks(q, out.pop(name), dtype or torch.float32, block)
     bare = [n for n, t in out.items() if t.dtype == E4M3 and n + SCALE_SUFFIX not in out]
     if bare:
         raise QuantizationError(f"{where}: e4m3 tensors without a weight_scale_inv: {bare[:4]}")
+    if scales:
+        log.info("%s: %d FP8 weights kept e4m3, %d dequantized", where, kept, len(scales) - kept)
     return out
