@@ -101,6 +101,14 @@ def _err(got, ref):
 
 # ---- CPU ---------------------------------------------------------------------------------
 
+def test_split_k_fills_the_gpu_at_decode_sizes():
+    from omni.layers.fp8_gemm import pick_config, split_k
+
+    for rows, n, k, want in ((1, 512, 2048, 16), (1, 4096, 2048, 2), (1, 2048, 4096, 4), (16, 1024, 768, 6),
+                             (64, 4096, 2048, 2), (512, 512, 2048, 16), (2048, 4096, 2048, 1)):
+        assert split_k(rows, n, k, pick_config(rows)) == want, (rows, n, k)
+
+
 def test_typed_errors_for_what_the_gemm_does_not_take():
     x, q, s = _dense_case(2, 256, 256)
     with pytest.raises(Fp8GemmError):
@@ -120,7 +128,7 @@ def interpreter_check() -> None:
     for rows, n, k in ((1, 256, 384), (5, 128, 256), (33, 384, 128)):
         x, q, s = _dense_case(rows, n, k, seed=rows)
         ref = reference_matmul(x, q, s, quantize_act=False)
-        for cfg in (GemmConfig(16, 32), GemmConfig(32, 64)):
+        for cfg in (GemmConfig(16, 32), GemmConfig(32, 64, split_k=1), GemmConfig(16, 16, split_k=k // 128)):
             got = block_fp8_matmul(x, q, s, act_fp8=False, config=cfg)
             assert got.shape == (rows, n) and _err(got, ref) <= 1e-5, (rows, n, k, cfg, _err(got, ref))
     for tokens, experts, top_k, hidden, inner in ((1, 4, 2, 256, 128), (6, 8, 3, 128, 256)):
@@ -155,10 +163,11 @@ def test_kernels_compile_for_sm90_with_e4m3_tensor_core_dots():
              "h_ptr": "*bf16", "y_ptr": "*fp32", "route_ptr": "*bf16", "sorted_ids_ptr": "*i32",
              "block_expert_ptr": "*i32"}
     kernels = []
-    for rows in (1, 64, 512):
+    for rows, n in ((1, 512), (1, 4096), (64, 4096), (512, 4096)):
         cfg = fp8_gemm.pick_config(rows)
+        split = fp8_gemm.split_k(rows, n, 2048, cfg)
         kernels.append(_compile_for_sm90(fp8_gemm._block_fp8_gemm, types, dict(
-            N=4096, K=2048, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ACT_FP8=True),
+            N=n, K=2048, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ACT_FP8=True, SPLIT_K=split),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     for pairs in (8, 512):
         cfg = moe_fp8.pick_config(pairs)

@@ -6,7 +6,8 @@ per 128x128 weight block, so block-scaled checkpoints would need requantizing. H
 loads an x tile [BLOCK_M, 128] in its own dtype, takes the row amax (scale_a = amax / 448),
 casts x / scale_a to e4m3 in registers, runs one e4m3 x e4m3 tensor-core dot and adds it into the
 float32 accumulator times scale_a (per row) * scale_w (per 128 columns). No activation buffer, no
-extra launch, no host sync (CUDA graphs capture it). Off CUDA the weights are dequantized and
+host sync (CUDA graphs capture it). Decode rows on narrow layers split K over more programs (float32
+slices summed after: two small launches) so that every SM streams weights. Off CUDA the weights are dequantized and
 the matmul is torch's (the CPU path dequantizes at load anyway; this is for tests).
 """
 
@@ -36,6 +37,7 @@ class GemmConfig:
     block_n: int
     num_warps: int = 4
     num_stages: int = 4
+    split_k: int = 0  # 0: chosen per launch (`split_k`); must divide K / 128
 
 
 # (max rows, config): decode rows read weights once, so narrow N tiles spread them over every SM.
@@ -77,16 +79,23 @@ if triton is not None:
     def _block_fp8_gemm(
         x_ptr, w_ptr, s_ptr, out_ptr, M, stride_xm, stride_wn, stride_sn, stride_om,
         N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT_FP8: tl.constexpr,
+        SPLIT_K: tl.constexpr = 1,
     ):
+        """SPLIT_K > 1: program (.., .., s) sums K blocks [s * KB/SPLIT_K, (s + 1) * KB/SPLIT_K) into its own
+        float32 slice out[s] (the caller sums the slices): decode rows on narrow layers (k/v: 512 columns)
+        would otherwise leave most SMs idle."""
         m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        split = tl.program_id(2)
         k = tl.arange(0, 128)
         m_ok, n_ok = m < M, n < N
-        a_ptrs = x_ptr + m[:, None].to(tl.int64) * stride_xm + k[None, :]
-        b_ptrs = w_ptr + n[None, :].to(tl.int64) * stride_wn + k[:, None]
-        s_ptrs = s_ptr + (n // 128) * stride_sn
+        per: tl.constexpr = K // 128 // SPLIT_K
+        first = split * per
+        a_ptrs = x_ptr + m[:, None].to(tl.int64) * stride_xm + first * 128 + k[None, :]
+        b_ptrs = w_ptr + n[None, :].to(tl.int64) * stride_wn + first * 128 + k[:, None]
+        s_ptrs = s_ptr + (n // 128) * stride_sn + first
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for kb in range(0, K // 128):
+        for kb in range(0, per):
             a = tl.load(a_ptrs, mask=m_ok[:, None], other=0.0).to(tl.float32)
             b = tl.load(b_ptrs, mask=n_ok[None, :], other=0.0)
             q, scale_a = quant_group(a, ACT_FP8)
@@ -94,8 +103,19 @@ if triton is not None:
             acc += scaled_dot(q, b, ACT_FP8) * (scale_a[:, None] * scale_b[None, :])
             a_ptrs += 128
             b_ptrs += 128
-        out = out_ptr + m[:, None].to(tl.int64) * stride_om + n[None, :]
+        out = out_ptr + split.to(tl.int64) * M * stride_om + m[:, None].to(tl.int64) * stride_om + n[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+TARGET_PROGRAMS = 256  # about two per SM of an H100/H200: below it, split K (decode rows, narrow layers)
+
+
+def split_k(rows: int, n: int, k: int, cfg: GemmConfig) -> int:
+    """The K split for this launch: the largest divisor of the K blocks that brings the grid up to
+    TARGET_PROGRAMS (1 when the M x N tiles already fill it)."""
+    tiles = -(-rows // cfg.block_m) * -(-n // cfg.block_n)
+    want, blocks = max(1, TARGET_PROGRAMS // tiles), k // GROUP
+    return max(d for d in range(1, blocks + 1) if blocks % d == 0 and d <= want)
 
 
 class Fp8GemmError(ValueError):
@@ -131,10 +151,16 @@ def block_fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows:
         cfg = config or pick_config(rows)
-        grid = (triton.cdiv(rows, cfg.block_m), triton.cdiv(n, cfg.block_n))
-        _block_fp8_gemm[grid](x2, weight, scale, out, rows, x2.stride(0), weight.stride(0), scale.stride(0),
-                              out.stride(0), N=n, K=k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ACT_FP8=act_fp8,
-                              num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        split = cfg.split_k or split_k(rows, n, k, cfg)
+        if (k // GROUP) % split:
+            raise Fp8GemmError(f"split_k {split} does not divide the {k // GROUP} K blocks")
+        dest = out if split == 1 else torch.empty(split, rows, n, dtype=torch.float32, device=x.device)
+        grid = (triton.cdiv(rows, cfg.block_m), triton.cdiv(n, cfg.block_n), split)
+        _block_fp8_gemm[grid](x2, weight, scale, dest, rows, x2.stride(0), weight.stride(0), scale.stride(0),
+                              n, N=n, K=k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ACT_FP8=act_fp8,
+                              SPLIT_K=split, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if split > 1:
+            out.copy_(dest.sum(0))
     return out.reshape(*lead, n)
 
 
