@@ -314,3 +314,90 @@ def test_fp8_serves_end_to_end_as_its_dequantized_weights(ckpts):
     for other in results[1:]:
         assert other.tokens == first.tokens and np.array_equal(other.codes, first.codes)
         assert np.array_equal(other.pcm, first.pcm)
+
+
+WHOLE_BLOCKS = dict(  # a tiny Qwen3-Omni whose decoder linears are whole 128x128 blocks (the FP8 kernels' shapes)
+    thinker_layers=2, thinker_hidden=128, thinker_heads=4, thinker_kv_heads=4, thinker_experts=4, thinker_top_k=2,
+    thinker_moe_ffn=128, mrope_section=(8, 4, 4), deepstack_indexes=(0,), audio_layers=1, audio_d_model=16,
+    audio_heads=2, vision_depth=1, vision_hidden=16, vision_heads=2, talker_layers=1, talker_hidden=256,
+    talker_heads=4, talker_kv_heads=2, talker_experts=4, talker_top_k=2, talker_mrope_section=(16, 8, 8),
+    accept_hidden_layer=1, predictor_layers=1, num_code_groups=4, codebook_size=64, c2w_hidden=32, c2w_layers=1,
+    c2w_heads=4, c2w_window=8, c2w_decoder_dim=32, upsample_rates=(4, 3), upsampling_ratios=(2,))
+
+
+def test_fp8_checkpoint_kept_e4m3_as_on_a_gpu(tmp_path, monkeypatch):
+    """Where the device runs FP8 kernels (forced here: off CUDA the FP8 modules compute dequantized),
+    the checkpoint's pairs load into Fp8Linear / e4m3 experts, shapes that are not whole blocks are
+    dequantized, and the thinker's greedy tokens and talker's weights equal the dequantized load's."""
+    import omni.models.qwen3_omni.modules.talker as talker_module
+    import omni.models.qwen3_omni.modules.thinker as thinker_module
+    from omni.models.qwen3_omni.checkpoint import tiny_presets
+
+    torch.set_num_threads(1)
+    monkeypatch.setitem(tiny_presets.PRESETS, "whole-blocks", tiny_presets.TinyPreset(**WHOLE_BLOCKS))
+    fp8 = make_tiny(tmp_path / "fp8", seed=1, preset="whole-blocks", fp8=True)
+    dequantized = write_dequantized(fp8, tmp_path / "dequantized")
+    want = Qwen3OmniThinker.from_checkpoint(dequantized)
+    want_talker = TalkerModel.from_checkpoint(dequantized).state_dict()
+    for module in (thinker_module, talker_module):
+        monkeypatch.setattr(module, "device_runs_fp8", lambda device: True)
+    got = Qwen3OmniThinker.from_checkpoint(fp8)
+    layer = got.model.layers[1]
+    assert isinstance(layer.self_attn.k_proj, Fp8Linear) and is_fp8_experts(layer.mlp.experts)
+    assert layer.mlp.experts.down_proj_scale_inv.shape == (4, 1, 1) and got.lm_head.weight.dtype == torch.float32
+    prompts = [_chat(b"hello there, how are you today?"), _chat(b"Name three colours")]
+    assert _greedy(got, prompts) == _greedy(want, prompts)
+    talker = TalkerModel.from_checkpoint(fp8)
+    mlp = talker.model.layers[0].mlp
+    assert isinstance(mlp.shared_expert.up_proj, Fp8Linear) and is_fp8_experts(mlp.experts)
+    assert isinstance(talker.model.layers[0].self_attn.q_proj, Fp8Linear)
+    state = talker.state_dict()
+    fp8_names = {n for n, t in state.items() if t.dtype == E4M3}
+    assert fp8_names and not any(n.startswith("code_predictor.") for n in fp8_names)
+    for name, value in want_talker.items():
+        if name in fp8_names:
+            owner, _, param = name.rpartition(".")
+            if param == "weight":
+                value2 = dequantize_blocks(state[name], state[name + "_scale_inv"])
+            else:
+                from omni.layers.fp8_modules import dequantize_experts
+
+                value2 = dequantize_experts(state[name], state[name + "_scale_inv"], param, torch.float32)
+            assert torch.equal(value2, value), name
+        else:
+            assert torch.equal(state[name], value), name
+
+
+@pytest.mark.gpu
+def test_fp8_checkpoint_on_cuda_runs_the_fp8_kernels(tmp_path, monkeypatch):
+    """On a GPU the same checkpoint keeps its e4m3 weights, decodes from CUDA graphs, and its prompt's
+    final hidden states stay within activation rounding of the dequantized bf16 load's."""
+    from omni.models.qwen3_omni.checkpoint import tiny_presets
+
+    monkeypatch.setitem(tiny_presets.PRESETS, "whole-blocks", tiny_presets.TinyPreset(**WHOLE_BLOCKS))
+    fp8 = make_tiny(tmp_path / "fp8", seed=1, preset="whole-blocks", fp8=True)
+    dequantized = write_dequantized(fp8, tmp_path / "dequantized", torch.bfloat16)
+    got = Qwen3OmniThinker.from_checkpoint(fp8, device="cuda", dtype=torch.bfloat16)
+    want = Qwen3OmniThinker.from_checkpoint(dequantized, device="cuda", dtype=torch.bfloat16)
+    assert isinstance(got.model.layers[0].self_attn.q_proj, Fp8Linear) and got.model.layers[0].self_attn.q_proj.weight.is_cuda
+    talker = TalkerModel.from_checkpoint(fp8, dtype=torch.bfloat16, device="cuda")
+    assert is_fp8_experts(talker.model.layers[0].mlp.experts)
+    prompts = [_chat(b"hello there, how are you today?"), _chat(b"Name three colours")]
+
+    def run(model):
+        layers = model.cfg.text.num_layers
+        eng = AREngine(model, EngineConfig(block_size=16, num_blocks=64, max_num_seqs=2, max_model_len=128,
+                                           device="cuda", attention_backend="triton", tap_layers=(layers,)))
+        seqs = [eng.add_request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+                                return_hidden=True) for i, p in enumerate(prompts)]
+        first = {}
+        while eng.has_unfinished():
+            for out in eng.step():
+                first.setdefault(out.rid, out.taps[layers])
+        return torch.cat([first[s.rid][: len(p)] for s, p in zip(seqs, prompts)]).float(), eng.stats()
+
+    hidden, stats = run(got)
+    hidden_ref, _ = run(want)
+    assert stats.get("decode_graph_steps"), stats
+    cos = torch.nn.functional.cosine_similarity(hidden, hidden_ref, dim=-1)
+    assert cos.mean() >= 0.99 and cos.min() >= 0.95, (cos.mean(), cos.min())

@@ -9,7 +9,7 @@
 # every part), the logs, fp8.log. Whole script <= 9.5 min. Environment: PARTS (tests,kernels,bench),
 #   TESTS_S (150), KERNELS_S (60), BENCH_S (330), KERNELS_ARGS ("--rows 1,16,64,512"; add --sweep for the
 #   dense config grid, ~2 min more), BENCH_ARGS ("--batch 1,64 --tokens 32 --positions 2048"),
-#   GPU_TEST_FILES (tests/test_fp8_kernels.py).
+#   GPU_TEST_FILES (tests/test_fp8_kernels.py tests/test_fp8.py: its gpu test skips where transformers is missing).
 # Part `suite` (not in the default PARTS; a call of its own, ~6 min): the speech serving suite at
 #   c = 1,16,64 with omnid --quantization fp8 (SUITE_QUANT=bf16: the same without it, for the RTF comparison),
 #   into $OUT/suite-<label>.md/.json; SUITE_S (380), SUITE_ARGS (extra gpu_suite.py arguments).
@@ -26,7 +26,7 @@ if has tests; then
   log "gpu tests"
   # shellcheck disable=SC2086
   timeout ${TESTS_S:-150} python3 -m pytest -q -o addopts="" -m gpu -p no:cacheprovider -rA \
-    ${GPU_TEST_FILES:-tests/test_fp8_kernels.py} > "$OUT/gpu_tests.log" 2>&1
+    ${GPU_TEST_FILES:-tests/test_fp8_kernels.py tests/test_fp8.py} > "$OUT/gpu_tests.log" 2>&1
   log "gpu tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -40 | tee -a "$OUT/fp8.log"
 fi
 if has kernels; then
