@@ -116,19 +116,30 @@ class Qwen3OmniThinker(nn.Module, ARModel):
     def from_checkpoint(cls, ckpt_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
                         quantization: str = ""):
         """FP8 weights (a checkpoint's e4m3 + block scales, or `quantization="fp8"` of a bf16 one) stay
-        e4m3 on a device with FP8 kernels; elsewhere they are dequantized to `dtype` (`omni.layers.fp8`)."""
+        e4m3 on a device with FP8 kernels; elsewhere they are dequantized to `dtype` (`omni.layers.fp8`).
+        Built on the meta device and filled with the tensors read straight onto `device`: no second copy
+        of the model in host memory (61 GB at full size in bf16)."""
+        from omni.models.qwen3_omni.checkpoint.random_load import _meta, check_materialized
+
         full = load_config(ckpt_dir)
+        dtype = dtype or torch.float32
         fmt, keep = checkpoint_format(full.raw), device_runs_fp8(device)
-        state = resolve_state(load_state_dict(ckpt_dir, "thinker", dtype=dtype, fp8=True), fmt, dtype, keep,
-                              where=f"{ckpt_dir} (thinker)")
-        model = cls(full.thinker, dtype or torch.float32)
-        model.load_weights(state)
-        model = model.to(device).eval()
+        state = load_state_dict(ckpt_dir, "thinker", device=str(device), dtype=dtype, fp8=True)
+        state = resolve_state(state, fmt, dtype, keep, where=f"{ckpt_dir} (thinker)")
+        with _meta(dtype):
+            model = cls(full.thinker, dtype)
+        model.load_weights(state, assign=True)
+        del state
+        text = full.thinker.text
+        model.inv_freq = rope_inv_freq(text.head_dim, text.rope_theta)
+        check_materialized(model)
+        model.eval()
         quantize_at_load_(model, quantization, fmt, keep)
         return model
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy weights named as in the checkpoint or in transformers' module (see `text_state_dict`)."""
+    def load_weights(self, state: dict[str, torch.Tensor], assign: bool = False) -> None:
+        """Copy weights named as in the checkpoint or in transformers' module (see `text_state_dict`);
+        `assign`: take the tensors themselves (a model built on the meta device)."""
         ours = text_state_dict(state, self.cfg.text)
         if "lm_head.weight" not in ours and self.cfg.raw.get("text_config", {}).get("tie_word_embeddings"):
             ours["lm_head.weight"] = ours["model.embed_tokens.weight"]
@@ -140,7 +151,7 @@ class Qwen3OmniThinker(nn.Module, ARModel):
         for name, tensor in ours.items():
             if name in want and tuple(tensor.shape) != tuple(want[name].shape):
                 raise CheckpointError(f"thinker.{name}: shape {tuple(tensor.shape)} != {tuple(want[name].shape)}")
-        self.load_state_dict({k: ours[k] for k in want}, strict=True)
+        self.load_state_dict({k: ours[k] for k in want}, strict=True, assign=assign)
 
     # ---- ARModel ---------------------------------------------------------------------
     @property
