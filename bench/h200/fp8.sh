@@ -7,7 +7,7 @@
 # bench/fp8_kernels.py (each FP8 kernel vs its bf16 counterpart, us per call, thinker shapes). carry: .whl
 # Everything lands in $OUT as it goes: gpu_tests.log, fp8_kernels.json, fp8_thinker.json (rewritten after
 # every part), the logs, fp8.log. Whole script <= 9.5 min. Environment: PARTS (tests,kernels,bench),
-#   TESTS_S (150), KERNELS_S (60), BENCH_S (330), KERNELS_ARGS ("--rows 1,16,64,512"; add --sweep for the
+#   TESTS_S (170), KERNELS_S (75), BENCH_S (310), KERNELS_ARGS ("--rows 1,16,64,512"; add --sweep for the
 #   dense config grid, ~2 min more), BENCH_ARGS ("--batch 1,64 --tokens 32 --positions 2048"),
 #   GPU_TEST_FILES (tests/test_fp8_kernels.py tests/test_fp8.py: its gpu test skips where transformers is missing).
 # Part `suite` (not in the default PARTS; a call of its own, ~6 min): the speech serving suite at
@@ -25,21 +25,21 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 if has tests; then
   log "gpu tests"
   # shellcheck disable=SC2086
-  timeout ${TESTS_S:-150} python3 -m pytest -q -o addopts="" -m gpu -p no:cacheprovider -rA \
+  timeout ${TESTS_S:-170} python3 -m pytest -v -o addopts="" -m gpu -p no:cacheprovider -rfE \
     ${GPU_TEST_FILES:-tests/test_fp8_kernels.py tests/test_fp8.py} > "$OUT/gpu_tests.log" 2>&1
-  log "gpu tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -40 | tee -a "$OUT/fp8.log"
+  log "gpu tests rc=$?"; grep -E "(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/gpu_tests.log" | tail -60 | tee -a "$OUT/fp8.log"
 fi
 if has kernels; then
   log "fp8 kernels vs bf16"
   # shellcheck disable=SC2086
-  timeout ${KERNELS_S:-60} python3 bench/fp8_kernels.py ${KERNELS_ARGS:---rows 1,16,64,512} --out "$OUT/fp8_kernels.json" \
+  timeout ${KERNELS_S:-75} python3 bench/fp8_kernels.py ${KERNELS_ARGS:---rows 1,16,64,512} --out "$OUT/fp8_kernels.json" \
     > "$OUT/fp8_kernels.log" 2>&1
   log "kernels rc=$?"; tail -20 "$OUT/fp8_kernels.log" | tee -a "$OUT/fp8.log"
 fi
 if has bench; then
   log "fp8 thinker bench"
   # shellcheck disable=SC2086
-  timeout ${BENCH_S:-330} python3 bench/fp8_thinker.py ${BENCH_ARGS:---batch 1,64 --tokens 32 --positions 2048} \
+  timeout ${BENCH_S:-310} python3 bench/fp8_thinker.py ${BENCH_ARGS:---batch 1,64 --tokens 32 --positions 2048} \
     --out "$OUT/fp8_thinker.json" > "$OUT/fp8_thinker.log" 2>&1
   log "bench rc=$?"; tail -15 "$OUT/fp8_thinker.log" | tee -a "$OUT/fp8.log"
 fi
