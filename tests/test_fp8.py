@@ -67,8 +67,9 @@ def test_unhonourable_quantization_configs_are_refused_at_load(ckpts, tmp_path, 
 
 
 def test_fp8_tensors_are_never_read_as_raw_values(ckpts, tmp_path):
-    """e4m3 weights without their scales, scales without a config, and FP8 tensors in a part that
-    cannot take them are typed errors (they used to load as values up to 448, scales dropped)."""
+    """e4m3 weights without their scales, scales without a config, and FP8 tensors read by a loader
+    that does not ask for them are typed errors (they used to load as values up to 448, scales
+    dropped); an encoder's FP8 pairs are dequantized."""
     from safetensors.torch import load_file, save_file
 
     from omni.models.qwen3_omni.modules.audio_encoder import AudioEncoder
@@ -91,13 +92,19 @@ def test_fp8_tensors_are_never_read_as_raw_values(ckpts, tmp_path):
     save_file(tensors, str(no_scale / "model.safetensors"))
     with pytest.raises(QuantizationError, match="without a weight_scale_inv"):
         Qwen3OmniThinker.from_checkpoint(no_scale)
-    encoded = tmp_path / "fp8_audio"
+    encoded = tmp_path / "fp8_audio"  # a checkpoint that quantized an encoder too: dequantized at load
     shutil.copytree(fp8, encoded)
     tensors = load_file(str(encoded / "model.safetensors"))
     name = next(n for n in tensors if n.startswith("thinker.audio_tower.") and n.endswith("fc1.weight"))
-    tensors[name], tensors[name + "_scale_inv"] = quantize_blocks(tensors[name])
+    raw = tensors[name]
+    tensors[name], tensors[name + "_scale_inv"] = quantize_blocks(raw)
     save_file(tensors, str(encoded / "model.safetensors"))
-    with pytest.raises(QuantizationError, match="cannot load FP8"):
+    weight = AudioEncoder.from_checkpoint(encoded).state_dict()[name[len("thinker.audio_tower."):]]
+    assert torch.equal(weight, dequantize_blocks(tensors[name], tensors[name + "_scale_inv"]))
+    assert not torch.equal(weight, raw)
+    del tensors[name + "_scale_inv"]
+    save_file(tensors, str(encoded / "model.safetensors"))
+    with pytest.raises(QuantizationError, match="without a weight_scale_inv"):
         AudioEncoder.from_checkpoint(encoded)
 
 

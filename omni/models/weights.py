@@ -115,9 +115,15 @@ def load_into(
 ) -> None:
     """Fill `module`'s parameters and persistent buffers from `prefix`; every one must be present
     with its exact shape, and (unless `allow_unused`) no tensor under the prefix may be left over.
-    The module comes back in eval mode without gradients (weights to serve)."""
+    The module comes back in eval mode without gradients (weights to serve). FP8 pairs (e4m3 + block
+    scales, as a checkpoint's config declares) are dequantized to `dtype` (the parts that run FP8
+    kernels, the thinker and talker decoders, load them their own way)."""
     want = module.state_dict()
-    state = load_state_dict(ckpt_dir, prefix, device=device, dtype=dtype, expect=want.keys())
+    state = load_state_dict(ckpt_dir, prefix, device=device, dtype=dtype, expect=want.keys(), fp8=True)
+    if any(_is_fp8(name, t) for name, t in state.items()):
+        from omni.layers.fp8 import resolve_state
+
+        state = resolve_state(state, _declared_fp8(ckpt_dir), dtype, keep_fp8=False, where=f"{ckpt_dir} ({prefix})")
     unused = sorted(set(state) - set(want))
     state = {k: v for k, v in state.items() if k in want}
     if unused and not allow_unused:
@@ -183,6 +189,14 @@ def _stack_experts(tensors, key: str, num_experts: int):
         return torch.stack([tensors[f"{base}.{e}.down_proj.{weight}"] for e in range(num_experts)])
     except KeyError as exc:
         raise CheckpointError(f"checkpoint has no weight {key!r} nor its per-expert form ({exc})") from None
+
+
+def _declared_fp8(ckpt_dir: str | Path):
+    """The FP8 format config.json declares (None without one; QuantizationError for one omni cannot honour)."""
+    from omni.layers.fp8_format import checkpoint_format
+
+    path = Path(ckpt_dir) / "config.json"
+    return checkpoint_format(json.loads(path.read_text()), str(path)) if path.is_file() else None
 
 
 def _is_fp8(name: str, tensor) -> bool:
