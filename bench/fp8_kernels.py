@@ -23,7 +23,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from omni.layers.fp8 import quantize_blocks  # noqa: E402
 from omni.layers.fp8_gemm import GemmConfig, block_fp8_matmul  # noqa: E402
-from omni.layers.fp8_modules import _quantize_experts  # noqa: E402
+from omni.layers.fp8_modules import quantize_experts  # noqa: E402
 from omni.layers.moe_fp8 import fused_fp8_experts  # noqa: E402
 from omni.layers.moe_triton import fused_routed_experts  # noqa: E402
 from report import machine, now_iso, say  # noqa: E402
@@ -77,7 +77,7 @@ def moe_rows(rows: list[int], iters: int) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     gate_up = torch.randn(EXPERTS, 2 * INNER, HIDDEN, generator=gen, device="cuda", dtype=torch.bfloat16) / HIDDEN**0.5
     down = torch.randn(EXPERTS, HIDDEN, INNER, generator=gen, device="cuda", dtype=torch.bfloat16) / INNER**0.5
-    (gq, gs), (dq, ds) = _quantize_experts(gate_up, "gate_up_proj"), _quantize_experts(down, "down_proj")
+    (gq, gs), (dq, ds) = quantize_experts(gate_up, "gate_up_proj"), quantize_experts(down, "down_proj")
     out = []
     for m in rows:
         x = torch.randn(m, HIDDEN, generator=gen, device="cuda", dtype=torch.bfloat16)

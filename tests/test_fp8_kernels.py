@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from omni.layers.fp8 import quantize_blocks
 from omni.layers.fp8_gemm import Fp8GemmError, block_fp8_matmul, quantized_activations, reference_matmul
-from omni.layers.fp8_modules import dequantize_experts, _quantize_experts
+from omni.layers.fp8_modules import dequantize_experts, quantize_experts
 from omni.layers.moe_routed import per_expert
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def _moe_case(tokens, experts, top_k, hidden, inner, dtype=torch.float32, device
     probs = torch.randn(tokens, experts, generator=gen, device=device).softmax(-1)
     weights, chosen = probs.topk(top_k, dim=-1)
     weights = weights / weights.sum(-1, keepdim=True)
-    (gq, gs), (dq, ds) = _quantize_experts(gate_up, "gate_up_proj"), _quantize_experts(down, "down_proj")
+    (gq, gs), (dq, ds) = quantize_experts(gate_up, "gate_up_proj"), quantize_experts(down, "down_proj")
     return x.to(dtype), weights.to(dtype), chosen, gq, gs, dq, ds
 
 

@@ -88,7 +88,7 @@ def convert_shells_(model: nn.Module, names) -> None:
                                torch.ones(experts, rows, -(-k // BLOCK[1]), dtype=torch.float32, device=old.device))
 
 
-def _quantize_experts(weight: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_experts(weight: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Stacked experts quantized as checkpoints store them: gate and up each in their own blocks."""
     if name == "gate_up_proj":
         inner = weight.shape[1] // 2
@@ -98,7 +98,7 @@ def _quantize_experts(weight: torch.Tensor, name: str) -> tuple[torch.Tensor, to
 
 
 def dequantize_experts(q: torch.Tensor, s: torch.Tensor, name: str, dtype) -> torch.Tensor:
-    """`_quantize_experts` undone: stacked e4m3 experts and their scales -> weights in `dtype`."""
+    """`quantize_experts` undone: stacked e4m3 experts and their scales -> weights in `dtype`."""
     if name == "gate_up_proj":
         inner, blocks = q.shape[1] // 2, s.shape[1] // 2
         return torch.cat((dequantize_blocks(q[:, :inner], s[:, :blocks], dtype),
@@ -126,7 +126,7 @@ def quantize_(model: nn.Module, fmt: Fp8Format, keep_fp8: bool) -> int:
             whole = fits_blocks(module.down_proj.shape) and inner % BLOCK[0] == 0
             for param in EXPERT_PARAMS:
                 weight = getattr(module, param)
-                q, s = _quantize_experts(weight, param)
+                q, s = quantize_experts(weight, param)
                 if keep_fp8 and whole:
                     _set_expert_params(module, param, q, s)
                 else:
