@@ -101,6 +101,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None,
                         help="weights dtype of every GPU-capable stage, e.g. bfloat16 (per stage: --set "
                              "NAME.args.dtype=...); default: the family's")
+    parser.add_argument("--quantization", default=None, choices=("fp8",),
+                        help="quantize the weights of every stage whose args take a quantization (block-scaled FP8 "
+                             "decoder linears) at load; per stage: --set NAME.args.quantization=fp8")
     parser.add_argument("--config", default=None, help="TOML/YAML file of [stages.<name>] overrides")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="STAGE.FIELD=VALUE",
                         help="override one stage field; repeatable")
@@ -199,6 +202,8 @@ def load_model(args: argparse.Namespace):
             archs = json.loads(config_path.read_text()).get("architectures") or []
             entry = REGISTRY.family_for(architectures=archs)
         graph, info = resolve(entry.target)(model_dir, variant, **family_options(args))
+        if getattr(args, "quantization", None):
+            set_quantization(graph, args.quantization)
         overrides = load_override_file(args.config) if args.config else {}
         for stage, fields in parse_set_flags(args.sets).items():
             overrides.setdefault(stage, {}).update(fields)
@@ -219,6 +224,20 @@ def load_model(args: argparse.Namespace):
     except (ValueError, OSError, KeyError, ImportError) as exc:  # GraphError is a ValueError
         raise CliError(f"cannot load the model: {exc}") from None
     return graph, info
+
+
+def set_quantization(graph, method: str) -> None:
+    """--quantization: the args of every stage whose kind's args declare `quantization`."""
+    from omni.kernel.registry import STAGES
+
+    named = []
+    for spec in graph.stages:
+        cls = STAGES.stage_args_class(spec.kind)
+        if cls is not None and "quantization" in {f.name for f in dataclasses.fields(cls)}:
+            spec.args["quantization"] = method
+            named.append(spec.name)
+    if not named:
+        raise CliError(f"--quantization {method}: no stage of this model takes a quantization")
 
 
 def family_options(args: argparse.Namespace) -> dict:

@@ -15,8 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni import env
 from omni.layers import fused_ops
+from omni.layers.fp8_modules import dequantize_experts, is_fp8_experts
 from omni.layers.mlp import ACTIVATIONS, GatedMLP
+from omni.layers.moe_fp8 import fused_fp8_experts
 from omni.layers.moe_routed import grouped_experts, grouped_on_cpu, per_expert, routed_experts
 
 
@@ -65,10 +68,25 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, chosen = self.route(x)
+        if is_fp8_experts(self.experts):
+            return fp8_routed_experts(x, weights, chosen, self.experts, self.act)
         experts = (x, weights, chosen, self.experts.gate_up_proj, self.experts.down_proj, self.act)
         if x.is_cuda:  # no host syncs (CUDA graphs)
             return routed_experts(*experts)
         return grouped_experts(*experts) if self.cpu_grouped and grouped_on_cpu(x) else per_expert(*experts)
+
+
+def fp8_routed_experts(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, experts: nn.Module,
+                       act) -> torch.Tensor:
+    """FP8 experts (`fp8_modules`): the fused FP8 Triton kernels on CUDA (every MoE backend: FP8 has
+    only this one); off CUDA (tests) the per-expert loop over the dequantized weights."""
+    e = experts
+    if act is F.silu and (x.is_cuda or env.triton_interpret()):
+        return fused_fp8_experts(x, weights, chosen, e.gate_up_proj, e.gate_up_proj_scale_inv, e.down_proj,
+                                 e.down_proj_scale_inv, act_fp8=x.is_cuda)
+    gate_up = dequantize_experts(e.gate_up_proj, e.gate_up_proj_scale_inv, "gate_up_proj", x.dtype)
+    down = dequantize_experts(e.down_proj, e.down_proj_scale_inv, "down_proj", x.dtype)
+    return per_expert(x, weights, chosen, gate_up, down, act)
 
 
 class SharedExpertMoE(SparseMoE):

@@ -37,7 +37,7 @@ def load_part(cls, args: Any, device, random: Callable[[Any, Any], Any] | None =
               default_dtype: str | None = None):
     """`random(args, device)` when the args say `load_format="random"`, else `cls.from_checkpoint`
     of the args' model dir in the args' `dtype` (a torch dtype name; else `default_dtype`; else
-    the class's own default)."""
+    the class's own default), with the args' `quantization` when set."""
     if load_format(args) == "random":
         if random is None:
             raise CheckpointError(f"{cls.__name__}: load_format='random' is not supported")
@@ -49,4 +49,6 @@ def load_part(cls, args: Any, device, random: Callable[[Any, Any], Any] | None =
 
     name = arg(args, "dtype") or default_dtype
     kwargs = {"dtype": getattr(torch, name)} if name else {}
+    if arg(args, "quantization"):  # the parts that take one (the thinker's and talker's `quantization`)
+        kwargs["quantization"] = arg(args, "quantization")
     return cls.from_checkpoint(where, device=device, **kwargs)

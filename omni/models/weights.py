@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from omni.kernel.errors import OmniError
+from omni.layers.fp8_format import QuantizationError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -63,11 +64,15 @@ def load_state_dict(
     dtype=None,
     expect: Iterable[str] | None = None,
     progress: bool | None = None,
+    fp8: bool = False,
 ) -> dict:
     """Every tensor whose name starts with `prefix.`, keyed by the rest of its name.
 
     `dtype` casts floating tensors only; `expect` names keys (prefix stripped) that must be
     present. Raises CheckpointError when the prefix matches nothing or keys are missing.
+    FP8 tensors (e4m3 weights, `*.weight_scale_inv` block scales) come back as they are with
+    `fp8=True` (for `omni.layers.fp8.resolve_state`); otherwise they are refused
+    (QuantizationError): cast to `dtype` they would be raw values up to 448, their scales dropped.
     """
     from safetensors import safe_open
 
@@ -90,7 +95,11 @@ def load_state_dict(
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in sorted(names):
                     tensor = f.get_tensor(name)
-                    if dtype is not None and tensor.is_floating_point():
+                    if _is_fp8(name, tensor):
+                        if not fp8:
+                            raise QuantizationError(f"{ckpt_dir}: {name} is FP8 ({tensor.dtype}) but the part "
+                                                    f"under {dotted!r} cannot load FP8 weights")
+                    elif dtype is not None and tensor.is_floating_point():
                         tensor = tensor.to(dtype)
                     out[name[len(dotted):]] = tensor.to(device) if device != "cpu" else tensor
                     if bar is not None:
@@ -106,9 +115,15 @@ def load_into(
 ) -> None:
     """Fill `module`'s parameters and persistent buffers from `prefix`; every one must be present
     with its exact shape, and (unless `allow_unused`) no tensor under the prefix may be left over.
-    The module comes back in eval mode without gradients (weights to serve)."""
+    The module comes back in eval mode without gradients (weights to serve). FP8 pairs (e4m3 + block
+    scales, as a checkpoint's config declares) are dequantized to `dtype` (the parts that run FP8
+    kernels, the thinker and talker decoders, load them their own way)."""
     want = module.state_dict()
-    state = load_state_dict(ckpt_dir, prefix, device=device, dtype=dtype, expect=want.keys())
+    state = load_state_dict(ckpt_dir, prefix, device=device, dtype=dtype, expect=want.keys(), fp8=True)
+    if any(_is_fp8(name, t) for name, t in state.items()):
+        from omni.layers.fp8 import resolve_state
+
+        state = resolve_state(state, _declared_fp8(ckpt_dir), dtype, keep_fp8=False, where=f"{ckpt_dir} ({prefix})")
     unused = sorted(set(state) - set(want))
     state = {k: v for k, v in state.items() if k in want}
     if unused and not allow_unused:
@@ -146,7 +161,7 @@ def load_weights(module, tensors, prefix: str) -> None:
         key = prefix + name
         if key in tensors:
             value = tensors[key]
-        elif name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+        elif name.endswith(_STACKED):
             value = _stack_experts(tensors, key, param.shape[0])
         else:
             raise CheckpointError(f"checkpoint has no weight {key!r}")
@@ -156,19 +171,38 @@ def load_weights(module, tensors, prefix: str) -> None:
             param.copy_(value.to(param.dtype))
 
 
+_STACKED = ("experts.gate_up_proj", "experts.down_proj", "experts.gate_up_proj_scale_inv", "experts.down_proj_scale_inv")
+
+
 def _stack_experts(tensors, key: str, num_experts: int):
+    """Per-expert tensors stacked as the fused parameter `key` (FP8 block scales too: `_scale_inv`)."""
     import torch
 
-    base = key.rsplit(".", 1)[0]  # "...mlp.experts"
+    base, last = key.rsplit(".", 1)  # "...mlp.experts", "gate_up_proj[_scale_inv]"
+    weight = "weight_scale_inv" if last.endswith("_scale_inv") else "weight"
     try:
-        if key.endswith("gate_up_proj"):
+        if last.startswith("gate_up_proj"):
             return torch.stack(
-                [torch.cat((tensors[f"{base}.{e}.gate_proj.weight"], tensors[f"{base}.{e}.up_proj.weight"]), 0)
+                [torch.cat((tensors[f"{base}.{e}.gate_proj.{weight}"], tensors[f"{base}.{e}.up_proj.{weight}"]), 0)
                  for e in range(num_experts)]
             )
-        return torch.stack([tensors[f"{base}.{e}.down_proj.weight"] for e in range(num_experts)])
+        return torch.stack([tensors[f"{base}.{e}.down_proj.{weight}"] for e in range(num_experts)])
     except KeyError as exc:
         raise CheckpointError(f"checkpoint has no weight {key!r} nor its per-expert form ({exc})") from None
+
+
+def _declared_fp8(ckpt_dir: str | Path):
+    """The FP8 format config.json declares (None without one; QuantizationError for one omni cannot honour)."""
+    from omni.layers.fp8_format import checkpoint_format
+
+    path = Path(ckpt_dir) / "config.json"
+    return checkpoint_format(json.loads(path.read_text()), str(path)) if path.is_file() else None
+
+
+def _is_fp8(name: str, tensor) -> bool:
+    import torch
+
+    return name.endswith("_scale_inv") or tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def _dotted(prefix: str) -> str:

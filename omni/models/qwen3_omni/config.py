@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from omni.layers.configs import DecoderConfig, WaveDecoderConfig
+from omni.layers.fp8_format import checkpoint_format
 from omni.models.weights import CheckpointError
 
 FAMILIES = {
@@ -127,10 +128,12 @@ def detect_family(ckpt_dir: str | Path) -> str:
 
 
 def load_config(ckpt_dir: str | Path) -> Qwen3OmniConfig:
-    """Read a Qwen3-Omni checkpoint's config.json into omni's dataclasses."""
+    """Read a Qwen3-Omni checkpoint's config.json into omni's dataclasses; QuantizationError for a
+    `quantization_config` (anywhere in it) omni cannot honour (`omni.layers.fp8_format`)."""
     raw = read_config_json(ckpt_dir)
     if "thinker_config" not in raw:
         raise CheckpointError(f"{ckpt_dir}/config.json has no thinker_config: not a Qwen3-Omni checkpoint")
+    checkpoint_format(raw, f"{ckpt_dir}/config.json")  # a quantization omni cannot honour is refused here
     audio_out = raw.get("enable_audio_output", True) and "talker_config" in raw
     return Qwen3OmniConfig(
         thinker=_thinker(raw["thinker_config"]),

@@ -200,13 +200,16 @@ def build_config(preset: TinyPreset):
     )
 
 
-def make_tiny(out_dir: str | Path, seed: int = 0, preset: str = "tiny-a", fill_talker_router: bool = False) -> Path:
+def make_tiny(out_dir: str | Path, seed: int = 0, preset: str = "tiny-a", fill_talker_router: bool = False,
+              fp8: bool = False) -> Path:
     """Write a tiny random Qwen3-Omni checkpoint (config, safetensors, tokenizer) to `out_dir`.
 
     transformers leaves the talker's router all zeros, so every talker expert choice is an exact
     top-k tie, which CPU and CUDA break differently (CPU here picks other experts than CUDA's lowest
     index first): comparisons across devices need `fill_talker_router=True`. The default keeps the
-    zero router because the CPU tests' reference prompts were chosen on those checkpoints."""
+    zero router because the CPU tests' reference prompts were chosen on those checkpoints. `fp8`: the
+    thinker's and talker's decoder linears rewritten in the published fine-grained FP8 format
+    (`fp8_checkpoint.write_fp8`)."""
     import torch
     from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
     from transformers.utils import logging as hf_logging
@@ -228,7 +231,11 @@ def make_tiny(out_dir: str | Path, seed: int = 0, preset: str = "tiny-a", fill_t
     model.save_pretrained(str(out), safe_serialization=True)
     save_tokenizer(out)
     (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n")
-    marker = {"random_weights": True, "preset": preset, "seed": seed}
+    if fp8:
+        from omni.models.qwen3_omni.checkpoint.fp8_checkpoint import write_fp8
+
+        write_fp8(out)
+    marker = {"random_weights": True, "preset": preset, "seed": seed, **({"fp8": True} if fp8 else {})}
     (out / TINY_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     return out
 
@@ -263,7 +270,7 @@ def _check(ok: bool, message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`omnid make-tiny qwen3-omni DIR [--seed N] [--preset NAME]` (or `python -m` this module)."""
+    """`omnid make-tiny qwen3-omni DIR [--seed N] [--preset NAME] [--fp8]` (or `python -m` this module)."""
     parser = argparse.ArgumentParser(prog="omnid make-tiny qwen3-omni",
                                      description="write a tiny random Qwen3-Omni checkpoint (for tests)")
     parser.add_argument("out_dir")
@@ -271,8 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="tiny-a", help="size preset of the tiny model")
     parser.add_argument("--fill-talker-router", action="store_true",
                         help="random talker router (zeros otherwise: device-dependent top-k ties)")
+    parser.add_argument("--fp8", action="store_true",
+                        help="write the thinker and talker decoder weights as fine-grained FP8 (e4m3, 128x128 block scales)")
     args = parser.parse_args(argv)
-    path = make_tiny(args.out_dir, seed=args.seed, preset=args.preset, fill_talker_router=args.fill_talker_router)
+    path = make_tiny(args.out_dir, seed=args.seed, preset=args.preset, fill_talker_router=args.fill_talker_router,
+                     fp8=args.fp8)
     print(f"omnid: wrote a tiny random Qwen3-Omni to {path}", flush=True)
     return 0
 

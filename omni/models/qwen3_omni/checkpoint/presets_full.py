@@ -7,7 +7,7 @@ layers and a 3,584-token vocabulary). Sizes from REFERENCE-NOTES.md; keys the no
 keep transformers' class defaults. Total 35.3B parameters (65.7 GiB in bf16); thinker decode
 reads 6.08 GB of weights per token at batch 1 (non-expert weights, 8 of 128 experts, lm_head).
 
-    python -m omni.models.qwen3_omni.checkpoint.presets_full DIR     # writes a random full-size model dir
+    python -m omni.models.qwen3_omni.checkpoint.presets_full DIR [--fp8]  # writes a random full-size model dir
     omnid serve --model DIR --set thinker.device=cuda ...  # every stage loads random weights
 """
 
@@ -140,19 +140,28 @@ def thinker_active_bytes(cfg, bytes_per_param: int = 2) -> int:
     return total * bytes_per_param
 
 
-def write_random_model_dir(out_dir: str | Path, config: dict[str, Any] | None = None, seed: int = 0) -> Path:
+def write_random_model_dir(out_dir: str | Path, config: dict[str, Any] | None = None, seed: int = 0,
+                           fp8: bool = False) -> Path:
     """config.json (default: the full preset), a tokenizer with the real special ids, the
-    preprocessor config, and `omni_random.json`, which makes every stage draw random weights."""
+    preprocessor config, and `omni_random.json`, which makes every stage draw random weights.
+    `fp8`: the config declares the published fine-grained FP8 format, so the thinker and talker
+    draw bf16 weights and quantize them (e4m3, 128x128 block scales) on their device."""
     from omni.models.qwen3_omni.checkpoint.make_tiny import PREPROCESSOR_CONFIG
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config or full_config(), indent=2) + "\n")
+    preset = PRESET if config is None else "custom"
+    config = copy.deepcopy(config or full_config())
+    if fp8:
+        from omni.models.qwen3_omni.checkpoint.fp8_checkpoint import FORMAT
+
+        config["quantization_config"] = FORMAT.to_config()
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     build_tokenizer().save_pretrained(str(out))
     pre = {**PREPROCESSOR_CONFIG, "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280}
     (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2) + "\n")
-    marker = {"random_weights": True, "load_format": "random", "seed": seed,
-              "preset": PRESET if config is None else "custom"}
+    marker = {"random_weights": True, "load_format": "random", "seed": seed, **({"fp8": True} if fp8 else {}),
+              "preset": preset}
     (out / RANDOM_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     return out
 
@@ -173,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out_dir")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scaled", action="store_true", help="test sizes instead of the full preset")
+    ap.add_argument("--fp8", action="store_true", help="thinker and talker in fine-grained FP8 (quantized on device)")
     args = ap.parse_args(argv)
-    path = write_random_model_dir(args.out_dir, scaled_config() if args.scaled else None, seed=args.seed)
+    path = write_random_model_dir(args.out_dir, scaled_config() if args.scaled else None, seed=args.seed, fp8=args.fp8)
     print(path, file=sys.stderr)
     return 0
 

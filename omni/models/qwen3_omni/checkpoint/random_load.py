@@ -18,6 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from omni.layers.fp8 import device_runs_fp8
+from omni.layers.fp8_format import checkpoint_format, requested
+from omni.layers.fp8_modules import quantize_
 from omni.layers.rotary import rope_inv_freq
 from omni.models.loading import arg, load_format, model_dir
 from omni.models.weights import CheckpointError
@@ -153,7 +156,8 @@ def random_part(part: str, args: Any, device) -> nn.Module | None:
     """The stage's model with random weights when its args say `load_format="random"`, else None.
 
     Reads the config from `args["model_dir"]` (or `args["model"]`); `dtype` defaults to bfloat16
-    (the published weights' dtype); `seed` (default 0) picks the weights.
+    (the published weights' dtype); `seed` (default 0) picks the weights. A thinker or talker is
+    quantized to FP8 when the config declares it (`quantization_config`) or the args ask for it.
     """
     if load_format(args) != "random":
         return None
@@ -167,4 +171,9 @@ def random_part(part: str, args: Any, device) -> nn.Module | None:
         raise CheckpointError(f"{where} has no audio output, so no {part}")
     build, sub = _BUILDERS[part](cfg)
     dtype = getattr(torch, arg(args, "dtype") or "bfloat16")
-    return build(sub, device=device, dtype=dtype, seed=int(arg(args, "seed") or 0) + list(_BUILDERS).index(part))
+    model = build(sub, device=device, dtype=dtype, seed=int(arg(args, "seed") or 0) + list(_BUILDERS).index(part))
+    if part in ("thinker", "talker"):
+        fmt = checkpoint_format(cfg.raw) or requested(arg(args, "quantization"))
+        if fmt is not None:  # an FP8 random model dir (`presets_full --fp8`) or quantization="fp8"
+            quantize_(model, fmt, keep_fp8=device_runs_fp8(device))
+    return model

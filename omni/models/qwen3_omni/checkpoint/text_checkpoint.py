@@ -83,6 +83,19 @@ def _meta_thinker(cfg: ThinkerConfig, dtype: torch.dtype):
         return Qwen3OmniThinker(cfg, dtype)
 
 
+def fp8_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A shard's decoder linears as e4m3 + `weight_scale_inv` (the published FP8 layout)."""
+    from omni.layers.fp8 import SCALE_SUFFIX, quantize_blocks, runs_fp8_linear
+
+    out = {}
+    for name, t in state.items():
+        if runs_fp8_linear(name):
+            out[name], out[name + SCALE_SUFFIX] = quantize_blocks(t)
+        else:
+            out[name] = t
+    return out
+
+
 def _is_norm(name: str) -> bool:
     return name.endswith("norm.weight")
 
@@ -90,8 +103,10 @@ def _is_norm(name: str) -> bool:
 @torch.no_grad()
 def write_text_checkpoint(out_dir: str | Path, layers: int = 8, seed: int = 0, std: float = DEFAULT_STD,
                           device: str | None = None, scaled: bool = False, text: dict[str, Any] | None = None,
-                          log=None) -> Path:
-    """Write the reduced-depth, full-width thinker text model as a Qwen3-MoE checkpoint; return its dir."""
+                          log=None, fp8: bool = False) -> Path:
+    """Write the reduced-depth, full-width thinker text model as a Qwen3-MoE checkpoint; return its dir.
+    `fp8`: the same draws written in the published fine-grained FP8 format (decoder linears e4m3 with
+    128x128 `weight_scale_inv`, a `quantization_config`), which SGLang and omni both load."""
     from safetensors.torch import save_file
 
     from omni.layers.tokenizer_offline_full import SPECIAL_IDS, build_tokenizer
@@ -123,6 +138,8 @@ def write_text_checkpoint(out_dir: str | Path, layers: int = 8, seed: int = 0, s
                 t = torch.empty(shape, dtype=torch.bfloat16, device=device).normal_(0.0, std, generator=gen).cpu()
             state[name] = t
         state = per_expert_names(state, cfg.text)
+        if fp8:
+            state = fp8_tensors(state)
         fname = f"model-{i + 1:05d}-of-{total:05d}.safetensors"
         save_file(state, str(out / fname), metadata={"format": "pt"})
         for name, t in state.items():
@@ -132,12 +149,16 @@ def write_text_checkpoint(out_dir: str | Path, layers: int = 8, seed: int = 0, s
         if log:
             log(f"text checkpoint: shard {i + 1}/{total} ({key}) written, {time.perf_counter() - t0:.1f}s")
     (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": nbytes}, "weight_map": weight_map}, indent=1))
+    if fp8:
+        from omni.models.qwen3_omni.checkpoint.fp8_checkpoint import FORMAT
+
+        moe_raw = {**moe_raw, "quantization_config": FORMAT.to_config()}
     (out / "config.json").write_text(json.dumps(moe_raw, indent=2) + "\n")
     build_tokenizer().save_pretrained(str(out))
     params = sum(torch.Size(s).numel() for s in names.values())
     marker = {"writer": "omni.models.qwen3_omni.checkpoint.text_checkpoint", "seed": int(seed), "std": std, "device": device,
               "layers": cfg.text.num_layers, "hidden_size": cfg.text.hidden_size, "num_experts": cfg.text.num_experts,
-              "params": params, "bytes": nbytes, "seconds": round(time.perf_counter() - t0, 1)}
+              "params": params, "bytes": nbytes, "fp8": fp8, "seconds": round(time.perf_counter() - t0, 1)}
     (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     return out
 
@@ -150,11 +171,18 @@ def load_text_thinker(text_dir: str | Path, device: str = "cpu", dtype: torch.dt
     from omni.models.qwen3_omni.checkpoint.random_load import check_materialized
     from omni.models.qwen3_omni.modules.thinker_layers import text_state_dict
 
+    from omni.layers.fp8 import device_runs_fp8, resolve_state
+    from omni.layers.fp8_format import checkpoint_format
+    from omni.layers.fp8_modules import convert_shells_
+
     text_dir = Path(text_dir)
     raw = json.loads((text_dir / "config.json").read_text())
     cfg = thinker_config_from_qwen3_moe(raw)
     model = _meta_thinker(cfg, dtype)
-    state = text_state_dict(load_state_dict(text_dir, "", device=device, dtype=dtype), cfg.text)
+    state = resolve_state(load_state_dict(text_dir, "", device=device, dtype=dtype, fp8=True),
+                          checkpoint_format(raw, str(text_dir)), dtype, device_runs_fp8(device), where=str(text_dir))
+    state = text_state_dict(state, cfg.text)
+    convert_shells_(model, state)  # FP8 pairs kept (on a GPU with FP8 kernels): e4m3 linears and experts
     if "lm_head.weight" not in state and raw.get("tie_word_embeddings"):
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     want = model.state_dict()
@@ -180,9 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--std", type=float, default=DEFAULT_STD)
     ap.add_argument("--device", default=None, help="where the weights are drawn (default cuda when present)")
     ap.add_argument("--scaled", action="store_true", help="test widths instead of the published ones")
+    ap.add_argument("--fp8", action="store_true", help="decoder linears in fine-grained FP8 (e4m3, 128x128 block scales)")
     args = ap.parse_args(argv)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    path = write_text_checkpoint(args.out_dir, args.layers, args.seed, args.std, args.device, args.scaled, log=say)
+    path = write_text_checkpoint(args.out_dir, args.layers, args.seed, args.std, args.device, args.scaled, log=say,
+                                 fp8=args.fp8)
     say(f"{path}: {json.loads((path / MARKER).read_text())}")
     return 0
 

@@ -28,6 +28,9 @@ from torch import nn
 from omni.kernel.errors import InvalidRequest
 from omni.layers.attention import QKVProjection
 from omni.layers.configs import DecoderConfig
+from omni.layers.fp8 import device_runs_fp8, resolve_state
+from omni.layers.fp8_format import checkpoint_format
+from omni.layers.fp8_modules import convert_shells_, quantize_at_load_
 from omni.layers.mlp import MLP
 from omni.layers.moe import SharedExpertMoE, tied_router_experts
 from omni.layers.norms import RMSNorm
@@ -102,7 +105,10 @@ class TalkerModel(CodecLM):
 
     # ---- loading ----------------------------------------------------------------------
     @classmethod
-    def from_checkpoint(cls, ckpt_dir: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> "TalkerModel":
+    def from_checkpoint(cls, ckpt_dir: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                        quantization: str = "") -> "TalkerModel":
+        """FP8 decoder weights as the thinker's (`Qwen3OmniThinker.from_checkpoint`); the code predictor,
+        heads, embeddings and projections stay in `dtype`."""
         cfg = load_config(ckpt_dir)
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype)  # build in the target dtype and device: no float32 copy
@@ -111,8 +117,13 @@ class TalkerModel(CodecLM):
                 model = cls(cfg)
         finally:
             torch.set_default_dtype(previous)
-        model.load(load_state_dict(ckpt_dir, "talker", dtype=dtype), thinker_token_rows(ckpt_dir, model.tts_token_ids),
+        fmt, keep = checkpoint_format(cfg.raw), device_runs_fp8(device)
+        tensors = resolve_state(load_state_dict(ckpt_dir, "talker", dtype=dtype, fp8=True), fmt, dtype, keep,
+                                where=f"{ckpt_dir} (talker)")
+        convert_shells_(model, tensors)
+        model.load(tensors, thinker_token_rows(ckpt_dir, model.tts_token_ids),
                    random_weights=(Path(ckpt_dir) / TINY_MARKER).is_file())
+        quantize_at_load_(model, quantization, fmt, keep)
         return model.eval()
 
     @property

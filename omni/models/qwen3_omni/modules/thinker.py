@@ -33,6 +33,9 @@ import torch
 from torch import nn
 
 from omni.kernel.errors import InvalidRequest
+from omni.layers.fp8 import device_runs_fp8, resolve_state
+from omni.layers.fp8_format import checkpoint_format
+from omni.layers.fp8_modules import convert_shells_, quantize_at_load_
 from omni.models.qwen3_omni.config import ThinkerConfig, load_config
 from omni.layers.norms import RMSNorm
 from omni.layers.rotary import DEFAULT_MROPE_SECTION, mrope_cos_sin, rope_inv_freq
@@ -110,18 +113,37 @@ class Qwen3OmniThinker(nn.Module, ARModel):
 
     # ---- construction ----------------------------------------------------------------
     @classmethod
-    def from_checkpoint(cls, ckpt_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None):
-        cfg = load_config(ckpt_dir).thinker
-        state = load_state_dict(ckpt_dir, "thinker", dtype=dtype)
-        model = cls(cfg, dtype or torch.float32)
-        model.load_weights(state)
-        return model.to(device).eval()
+    def from_checkpoint(cls, ckpt_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
+                        quantization: str = ""):
+        """FP8 weights (a checkpoint's e4m3 + block scales, or `quantization="fp8"` of a bf16 one) stay
+        e4m3 on a device with FP8 kernels; elsewhere they are dequantized to `dtype` (`omni.layers.fp8`).
+        Built on the meta device and filled with the tensors read straight onto `device`: no second copy
+        of the model in host memory (61 GB at full size in bf16)."""
+        from omni.models.qwen3_omni.checkpoint.random_load import _meta, check_materialized
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy weights named as in the checkpoint or in transformers' module (see `text_state_dict`)."""
+        full = load_config(ckpt_dir)
+        dtype = dtype or torch.float32
+        fmt, keep = checkpoint_format(full.raw), device_runs_fp8(device)
+        state = load_state_dict(ckpt_dir, "thinker", device=str(device), dtype=dtype, fp8=True)
+        state = resolve_state(state, fmt, dtype, keep, where=f"{ckpt_dir} (thinker)")
+        with _meta(dtype):
+            model = cls(full.thinker, dtype)
+        model.load_weights(state, assign=True)
+        del state
+        text = full.thinker.text
+        model.inv_freq = rope_inv_freq(text.head_dim, text.rope_theta)
+        check_materialized(model)
+        model.eval()
+        quantize_at_load_(model, quantization, fmt, keep)
+        return model
+
+    def load_weights(self, state: dict[str, torch.Tensor], assign: bool = False) -> None:
+        """Copy weights named as in the checkpoint or in transformers' module (see `text_state_dict`);
+        `assign`: take the tensors themselves (a model built on the meta device)."""
         ours = text_state_dict(state, self.cfg.text)
         if "lm_head.weight" not in ours and self.cfg.raw.get("text_config", {}).get("tie_word_embeddings"):
             ours["lm_head.weight"] = ours["model.embed_tokens.weight"]
+        convert_shells_(self, ours)  # FP8 pairs: their linears and experts made e4m3
         want = self.state_dict()
         missing = sorted(set(want) - set(ours))
         if missing:
@@ -129,7 +151,7 @@ class Qwen3OmniThinker(nn.Module, ARModel):
         for name, tensor in ours.items():
             if name in want and tuple(tensor.shape) != tuple(want[name].shape):
                 raise CheckpointError(f"thinker.{name}: shape {tuple(tensor.shape)} != {tuple(want[name].shape)}")
-        self.load_state_dict({k: ours[k] for k in want}, strict=True)
+        self.load_state_dict({k: ours[k] for k in want}, strict=True, assign=assign)
 
     # ---- ARModel ---------------------------------------------------------------------
     @property

@@ -77,4 +77,9 @@ def text_state_dict(state: dict[str, torch.Tensor], cfg: DecoderConfig) -> dict[
             gate_up.append(torch.cat([out.pop(f"{p}.{e}.gate_proj.weight"), out.pop(f"{p}.{e}.up_proj.weight")]))
             down.append(out.pop(f"{p}.{e}.down_proj.weight"))
         out[f"{p}.gate_up_proj"], out[f"{p}.down_proj"] = torch.stack(gate_up), torch.stack(down)
+        if f"{p}.0.gate_proj.weight_scale_inv" in out:  # FP8 experts: their block scales stacked alike
+            scale = lambda e, w: out.pop(f"{p}.{e}.{w}_proj.weight_scale_inv")  # noqa: E731
+            out[f"{p}.gate_up_proj_scale_inv"] = torch.stack(
+                [torch.cat([scale(e, "gate"), scale(e, "up")]) for e in range(cfg.num_experts)])
+            out[f"{p}.down_proj_scale_inv"] = torch.stack([scale(e, "down") for e in range(cfg.num_experts)])
     return out

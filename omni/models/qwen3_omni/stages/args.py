@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni.stages.ar.args import ARArgs
+from omni.layers.fp8_format import METHODS as QUANTIZATIONS
 from omni.stages.args import EncoderArgs, LayerArgs, StageArgs, VocoderArgs, WeightArgs
 from omni.stages.codec_lm.args import CodecLMArgs
 
@@ -36,8 +37,24 @@ class ThinkerArgs(WeightArgs, LayerArgs, ARArgs):
 
     model: Any = None  # in-process only: a built Qwen3OmniThinker instead of model_dir
     sglang_export_dir: str = ""  # where backend "sglang" exports the text model; "" = the cache dir
+    quantization: str = ""  # "fp8": quantize a bf16 checkpoint at load (omni/layers/fp8.py); "" = the checkpoint's
+
+    def check(self) -> None:
+        super().check()
+        _check_quantization(self.quantization)
 
 
 @dataclass
 class TalkerArgs(CodecLMArgs):
     """stages/talker_stage.py: the shared multi-codebook talker's args (`model`: a built TalkerModel)."""
+
+    quantization: str = ""  # as ThinkerArgs.quantization (the talker's decoder; its code predictor stays bf16)
+
+    def check(self) -> None:
+        super().check()
+        _check_quantization(self.quantization)
+
+
+def _check_quantization(value: str) -> None:
+    if value and value not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS} or '', got {value!r}")

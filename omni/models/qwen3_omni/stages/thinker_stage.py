@@ -63,6 +63,9 @@ class ThinkerStage(ARStage):
     def sglang_model_path(self) -> str:
         """SGLang serves the thinker's text model, exported once as a Qwen3-MoE checkpoint."""
         args = self.ctx.args
+        if args.quantization:
+            raise GraphError(f"stage {self.ctx.name!r}: quantization={args.quantization!r} is omni's (backend "
+                             "'builtin'); the sglang backend would serve bf16 weights")
         if args.sglang_model_path or not args.model_dir:
             return super().sglang_model_path()
         from omni.models.qwen3_omni.checkpoint.export_text import cached_export
@@ -88,6 +91,9 @@ class ThinkerStage(ARStage):
         args, config = self.ctx.args, self.engine_config()
         if not args.model_dir:
             raise GraphError(f"stage {self.ctx.name!r}: tensor_parallel_size > 1 needs args.model_dir (each rank loads it)")
+        if args.quantization:
+            raise GraphError(f"stage {self.ctx.name!r}: quantization={args.quantization!r} does not shard yet "
+                             "(tensor_parallel_size > 1 loads bf16 weights)")
         size = config.tensor_parallel_size
         recipe = ShardRecipe("omni.models.qwen3_omni.modules.thinker_tp:build_shard", {
             "model_dir": str(args.model_dir), "dtype": args.dtype,
