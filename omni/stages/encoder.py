@@ -4,7 +4,8 @@ A request's inputs arrive as chunks (one per audio / image, any port) and are en
 its input has ended; its outputs leave in input order, one chunk per input. Each step runs one forward over up to `max_batch` inputs that share a
 batch key (inputs with equal keys give the same outputs batched or alone), then emits every
 finished request's outputs, in input order, and ends it. An optional LRU cache keyed by a
-hash of the input's content skips inputs seen before (the same image in many requests).
+hash of the input's content skips inputs seen before (the same image in many requests, a spoken
+conversation's earlier clips, which every turn re-sends); it is bounded by entries and by bytes.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class EncoderStage(Stage):
         self.encoder = encoder
         self.max_batch = ctx.args.max_batch
         self.cache_size = ctx.args.cache_size
+        self.cache_bytes = ctx.args.cache_mb << 20
+        self._cached_bytes = 0
         self.out_port = ctx.args.out_port or (ctx.out_ports[0] if ctx.out_ports else "out")
         self.cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.requests: dict[str, EncoderRequest] = {}
@@ -132,13 +135,18 @@ class EncoderStage(Stage):
 
     def stats(self) -> dict[str, Any]:
         return {"running": len(self.requests), "pending_inputs": self.backlog(), "forwards": self.forwards,
-                "encoded": self.encoded, "cache_hits": self.cache_hits, "cache_entries": len(self.cache)}
+                "encoded": self.encoded, "cache_hits": self.cache_hits, "cache_entries": len(self.cache),
+                "cache_bytes": self._cached_bytes}
 
     def _remember(self, key: str, out: dict[str, Any]) -> None:
+        size = _nbytes(out)
+        if key in self.cache or (self.cache_bytes and size > self.cache_bytes):
+            return
         self.cache[key] = out
-        self.cache.move_to_end(key)
-        while len(self.cache) > self.cache_size:
-            self.cache.popitem(last=False)
+        self._cached_bytes += size
+        while len(self.cache) > self.cache_size or (self.cache_bytes and self._cached_bytes > self.cache_bytes):
+            _, old = self.cache.popitem(last=False)
+            self._cached_bytes -= _nbytes(old)
 
     def _finish_done(self) -> list[Emit]:
         emits: list[Emit] = []
@@ -150,3 +158,8 @@ class EncoderStage(Stage):
             for i in range(n):
                 emits.append(Emit(rid, self.out_port, dict(r.outputs[i]), finish=i == n - 1))
         return emits
+
+
+def _nbytes(out: dict[str, Any]) -> int:
+    """Bytes of an output's arrays and tensors (anything with `nbytes`)."""
+    return sum(int(getattr(v, "nbytes", 0)) for v in out.values())

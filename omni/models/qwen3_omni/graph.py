@@ -45,6 +45,8 @@ TINY_MAX_TOKENS = {"thinker": 64, "talker": 256}
 # the 30B-A3B thinker dwarfs the 3B talker, which outweighs code2wav; the encoders are small
 _LOADS = {"thinker": 8.0, "talker": 3.0, "code2wav": 2.0, "audio_encoder": 0.5, "vision_encoder": 0.5}
 
+AUDIO_CACHE = {"cache_size": 4096, "cache_mb": 512}  # ~2.7 h of audio rows at the full size in bf16
+
 _KINDS = {name: f"{FAMILY}.{name}" for name in  # registered by stages/__init__.py, with their args
           ("preprocess", "audio_encoder", "vision_encoder", "thinker", "talker", "code2wav")}
 
@@ -92,7 +94,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     max_context = int(options.get("stage_args", {}).get("thinker", {}).get("max_model_len", EngineConfig.max_model_len))
     stages = [
         stage("preprocess", {"model_dir": model_dir, "voices": voices, "max_prompt_tokens": max_context}),
-        stage("audio_encoder", {"model_dir": model_dir, "out_port": "embeds"}, capability="audio_input"),
+        # a spoken conversation re-sends its earlier clips every turn: the cache encodes each once
+        stage("audio_encoder", {"model_dir": model_dir, "out_port": "embeds", **AUDIO_CACHE}, capability="audio_input"),
         stage("vision_encoder", {"model_dir": model_dir, "out_port": "embeds"}, capability="image_input"),
         stage("thinker", {"model_dir": model_dir, "default_sampling": {"max_tokens": lengths["thinker"]}}),
     ]

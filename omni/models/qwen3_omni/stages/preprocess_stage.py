@@ -6,7 +6,8 @@ fails before any model runs, then runs `Preprocessor` (chat template, tokenizer,
 image patches) on the compute thread. Per request it emits, in this order:
 
 - port `audio`: one chunk per input audio {"features": [mel, frames] float32, "pad_len": int}
-  (`pad_len` is the request's longest chunk, as transformers pads all audios of a call together);
+  (`pad_len` is the clip's own longest chunk: each clip is encoded as if it came alone, so its rows
+  are the same in every request that holds it; see clip_features.py);
 - port `image`: one chunk per input image {"pixels": [patches, C*T*P*P] float32, "grid_thw": [3]};
 - port `grids`: {"image_grid_thw": [n, 3]} when the prompt has images (the talker's M-RoPE needs them);
 - port `prompt`: {"token_ids": int64 [n]} (placeholders expanded), and the request ends here.
@@ -112,8 +113,8 @@ class PreprocessStage(Stage):
                                  f"{self.max_prompt_tokens} tokens")
         emits = []
         if inputs.audio_features:
-            pad_len = default_pad_len([f.shape[1] for f in inputs.audio_features], self.pre.n_window)
-            emits += [Emit(rid, "audio", {"features": f, "pad_len": pad_len}) for f in inputs.audio_features]
+            emits += [Emit(rid, "audio", {"features": f, "pad_len": default_pad_len([f.shape[1]], self.pre.n_window)})
+                      for f in inputs.audio_features]
         for image in inputs.images:
             emits.append(Emit(rid, "image", {"pixels": image.pixels,
                                              "grid_thw": np.asarray(image.grid_thw, dtype=np.int64)}))
