@@ -52,13 +52,24 @@ def reference(thinker, fx, audios):
 
 
 def encode(path, pre, audios):
-    """omni's rows for a request holding `audios`: the preprocess stage's chunks through the encoder."""
+    """omni's inputs and rows per clip for a request holding `audios`: the preprocess stage's chunks
+    (one per attention window) through the encoder, each clip's windows in one forward."""
+    from omni.models.qwen3_omni.modules.audio_encoder import default_pad_len, window_spans
+
     stage = PreprocessStage(StageContext(name="pre", args={"model_dir": str(path)}))
     stage.pre = pre
     emits = stage.process("r", [{"role": "user", "content": [{"type": "audio", "audio": a} for a in audios]}])
-    items = [e.data for e in emits if e.port == "audio"]
+    windows = [e.data for e in emits if e.port == "audio"]
     encoder = AudioFeaturesEncoder(AudioEncoder.from_checkpoint(path))
-    return items, [encoder.encode([item])[0]["audio_embeds"] for item in items]
+    items, rows = [], []
+    for f in pre.audio_features(audios):
+        k = len(window_spans(f.shape[1], default_pad_len([f.shape[1]], pre.n_window), pre.n_window, pre.n_window_infer))
+        mine, windows = windows[:k], windows[k:]
+        assert len({w["pad_len"] for w in mine}) == 1
+        items.append({"features": np.concatenate([w["features"] for w in mine], axis=1), "pad_len": mine[0]["pad_len"]})
+        rows.append(torch.cat([o["audio_embeds"] for o in encoder.encode(mine)]))
+    assert not windows
+    return items, rows
 
 
 def close(ours, ref, tol=1e-5):

@@ -134,11 +134,21 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         max_context=max_context,
         sampling_stage="thinker",
         extra={"variant": variant, "model_dir": model_dir, "logprobs": True, "audio_input": True, "completions": True,
-               "default_max_tokens": lengths["thinker"],
+               "default_max_tokens": lengths["thinker"], "audio_window": _audio_window(model_dir, cfg),
                "openai_voices": openai_voices(model_dir), **_tiny_facts(model_dir, tiny),
                **({"random_load": randomized} if randomized else {})},
     )
     return graph, info
+
+
+def _audio_window(model_dir: str, cfg: Qwen3OmniConfig) -> dict[str, int]:
+    """16 kHz samples of one audio encoder attention window, and the samples past a frame's centre
+    its log-mel needs: a Realtime session encodes a turn's windows while it is spoken (request.ENCODE)."""
+    path = Path(model_dir) / "preprocessor_config.json"
+    extra = json.loads(path.read_text()) if path.is_file() else {}
+    audio, hop = cfg.thinker.audio, int(extra.get("hop_length", 160))
+    chunk = 2 * audio.n_window
+    return {"samples": max(1, audio.n_window_infer // chunk) * chunk * hop, "lead": int(extra.get("n_fft", 400)) // 2}
 
 
 def _tiny_facts(model_dir: str, tiny: bool) -> dict[str, Any]:

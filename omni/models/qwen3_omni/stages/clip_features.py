@@ -27,8 +27,9 @@ class ClipFeatures:
         self._bytes = 0
         self.computed = 0  # clips extracted (not served from the cache)
 
-    def __call__(self, pcm: np.ndarray) -> np.ndarray:
-        """[mel_bins, frames] float32 for 16 kHz mono float32 samples."""
+    def __call__(self, pcm: np.ndarray, remember: bool = True) -> np.ndarray:
+        """[mel_bins, frames] float32 for 16 kHz mono float32 samples (`remember` False: a clip's
+        start, still being spoken, stays out of the cache)."""
         pcm = np.ascontiguousarray(pcm, dtype=np.float32)
         key = blake2b(pcm.tobytes(), digest_size=16).digest()
         hit = self._cache.get(key)
@@ -40,7 +41,8 @@ class ClipFeatures:
         n = int(fx["attention_mask"][0].sum())
         out = np.ascontiguousarray(fx["input_features"][0, :, :n], dtype=np.float32)
         self.computed += 1
-        self._remember(key, out)
+        if remember:
+            self._remember(key, out)
         return out
 
     def _remember(self, key: bytes, features: np.ndarray) -> None:

@@ -77,6 +77,7 @@ class Preprocessor:
         self.special_ids = set(self.tokenizer.all_special_ids)
         extra = _read_preprocessor_config(ckpt_dir)
         self.n_window = cfg.thinker.audio.n_window
+        self.n_window_infer = cfg.thinker.audio.n_window_infer
         self.audio_token_id = cfg.thinker.audio_token_id
         self.image_token_id = cfg.thinker.image_token_id
         self.video_token_id = cfg.thinker.video_token_id
@@ -110,6 +111,12 @@ class Preprocessor:
         out.image_token_counts = [p.num_tokens(self.image_cfg.merge_size) for p in patches]
         out.input_ids = self._expand(ids, out)
         return out
+
+    @property
+    def window_frames(self) -> int:
+        """Mel frames of one of the audio encoder's attention windows (audio_encoder.window_spans)."""
+        chunk = 2 * self.n_window
+        return max(1, self.n_window_infer // chunk) * chunk
 
     def _tokenize(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
