@@ -76,6 +76,7 @@ class Preprocessor:
         self.placeholders = _placeholders(self.tokenizer)
         self.special_ids = set(self.tokenizer.all_special_ids)
         extra = _read_preprocessor_config(ckpt_dir)
+        self.vocab_size = cfg.thinker.text.vocab_size
         self.n_window = cfg.thinker.audio.n_window
         self.n_window_infer = cfg.thinker.audio.n_window_infer
         self.audio_token_id = cfg.thinker.audio_token_id
@@ -99,6 +100,8 @@ class Preprocessor:
 
     def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> ThinkerInputs:
         messages, answers = with_sentinels(messages)  # earlier answers keep the ids generated
+        if any(t >= self.vocab_size for ids in answers for t in ids):
+            raise InvalidRequest(f"an assistant message's token_ids must be below the vocabulary size {self.vocab_size}")
         template_messages, audios, images = self._split_media(messages)
         template_messages = render_messages(template_messages, self.content_format, self.placeholders)
         text = self.tokenizer.apply_chat_template(
