@@ -1,8 +1,9 @@
 """The encoder stage: batches the pending inputs of many requests into one forward.
 
 A request's inputs arrive as chunks (one per audio / image, any port) and are encoded once
-its input has ended; its outputs leave in input order, one chunk per input. Each step runs one forward over up to `max_batch` inputs that share a
-batch key (inputs with equal keys give the same outputs batched or alone), then emits every
+its input has ended; its outputs leave in input order, one chunk per input. Each step runs one forward
+over up to `max_batch` inputs that share the batch key of the oldest pending input (inputs with equal
+keys give the same outputs batched or alone; oldest first, so none waits behind a busier key), then emits every
 finished request's outputs, in input order, and ends it. An optional LRU cache keyed by a
 hash of the input's content skips inputs seen before (the same image in many requests, a spoken
 conversation's earlier clips, which every turn re-sends); it is bounded by entries and by bytes.
@@ -122,7 +123,9 @@ class EncoderStage(Stage):
             groups: dict[Hashable, list[tuple[str, int, dict]]] = {}
             for entry in pending:
                 groups.setdefault(self.encoder.batch_key(entry[2]), []).append(entry)
-            batch = max(groups.values(), key=len)[: self.max_batch]
+            # the oldest pending input's group, not the largest: under load an input whose key few
+            # share (a short clip's pad_len) would otherwise wait for as long as others keep coming
+            batch = next(iter(groups.values()))[: self.max_batch]
             outputs = self.encoder.encode([item for _, _, item in batch])
             self.forwards += 1
             self.encoded += len(batch)
