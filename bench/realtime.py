@@ -15,8 +15,15 @@ vs the last turn, audio seconds out, errors, and each stage's prefix-cache hit r
 (omnid's /metrics before and after; with one session, also around each turn). The `--cold` levels
 run first on a fresh server, then a warm-up session, then `--sessions`.
 
+`--commit manual` (issue 26's measurement): turn detection off, the client commits right after the
+append holding the last speech sample and asks for the answer, so commit -> first audio is the
+server's part alone (its audio encoded while streamed, earlier turns reused); `--commit manual,vad`
+runs every level both ways from one command. Each level also reports the audio encoder's cache hit
+rate (clips, or windows of a clip, found encoded: /metrics `omni_stage_cache_hits` over those plus
+`omni_stage_encoded`).
+
 Run:  python bench/realtime.py --url http://127.0.0.1:8000 [--sessions 1,8,32] [--cold 1] [--turns 10]
-          [--pace realtime|fast] [--silence-ms N] [--max-tokens 32] [--audio-tokens 64]
+          [--pace realtime|fast] [--silence-ms N] [--max-tokens 32] [--audio-tokens 64] [--commit manual,vad]
           [--out realtime.json] [--md realtime.md]
 """
 
@@ -34,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from realtime_report import level_summary, markdown, prefix_cache  # noqa: E402
+from realtime_report import encoder_cache, level_summary, markdown, prefix_cache  # noqa: E402
 from realtime_speech import RATE, load_utterances  # noqa: E402
 from report import machine, now_iso, say  # noqa: E402
 
@@ -58,6 +65,7 @@ class Workload:
     stagger_s: float
     api_key: str | None = None
     level_deadline_s: float | None = None
+    commit: str = "vad"  # "vad": the server's turn detection; "manual": off, the client commits at end of speech
 
     @property
     def chunk_bytes(self) -> int:
@@ -67,17 +75,28 @@ class Workload:
         lengths = {"thinker": {"max_tokens": self.max_tokens, "ignore_eos": True},
                    "talker": {"max_tokens": self.audio_tokens, "ignore_eos": True}}
         session: dict[str, Any] = {"stage_sampling": lengths}
-        if self.silence_ms is not None:
+        if self.commit == "manual":
+            session["turn_detection"] = None
+        elif self.silence_ms is not None:
             session["turn_detection"] = {"type": "server_vad", "silence_duration_ms": self.silence_ms}
         return {"type": "session.update", "session": session}
 
-    def turn_audio(self, k: int) -> tuple[bytes, int]:
+    def turn_audio(self, k: int, session: int = 0) -> tuple[bytes, int]:
         """Lead silence + utterance k, the speech ending on a chunk boundary; and the byte count up to
-        the end of the chunk holding the last speech sample."""
-        speech = self.utterances[k % len(self.utterances)]
+        the end of the chunk holding the last speech sample. Each session's copy differs by a seeded
+        +-1 LSB dither (inaudible), so no session finds another's audio in the servers' caches."""
+        speech = _dithered(self.utterances[k % len(self.utterances)], session)
         c = self.chunk_bytes
         total = -(-(self.lead_ms * BYTES_PER_S // 1000 + len(speech)) // c) * c
         return bytes(total - len(speech)) + speech, total
+
+
+def _dithered(pcm16: bytes, seed: int) -> bytes:
+    import numpy as np
+
+    x = np.frombuffer(pcm16, "<i2").astype(np.int32)
+    x += np.random.default_rng(seed).integers(-1, 2, len(x))
+    return np.clip(x, -32768, 32767).astype("<i2").tobytes()
 
 
 @dataclass
@@ -90,6 +109,7 @@ class Turn:
     started: float | None = None
     stopped: float | None = None
     committed: float | None = None
+    commit_sent: float | None = None  # manual commit: when the client sent it
     first_audio: float | None = None
     done_at: float | None = None
     audio_bytes: int = 0
@@ -111,6 +131,7 @@ class Turn:
                 "eos_to_audio_ms": ms(self.first_audio, self.speech_end),
                 "stopped_to_audio_ms": ms(self.first_audio, self.stopped),
                 "committed_to_audio_ms": ms(self.first_audio, self.committed),
+                "commit_sent_to_audio_ms": ms(self.first_audio, self.commit_sent),
                 "eos_to_stopped_ms": ms(self.stopped, self.speech_end),
                 "server_ttfa_ms": None if self.server_ttfa_s is None else round(1000 * self.server_ttfa_s, 2),
                 "audio_s": round(self.audio_bytes / BYTES_PER_S, 3), "input_tokens": self.input_tokens,
@@ -120,8 +141,8 @@ class Turn:
 class Session:
     """One conversation: a reader task stamps the server's events onto the turn in progress."""
 
-    def __init__(self, ws, wl: Workload, scrape=None) -> None:
-        self.ws, self.wl = ws, wl
+    def __init__(self, ws, wl: Workload, scrape=None, index: int = 0) -> None:
+        self.ws, self.wl, self.index = ws, wl, index
         self.scrape = scrape  # alone on the server: /metrics around each turn (its own prefix-cache hits)
         self.turn: Turn | None = None
         self.errors: list[str] = []
@@ -186,7 +207,7 @@ class Session:
 
     async def speak(self, k: int) -> Turn:
         wl = self.wl
-        audio, speech_end = wl.turn_audio(k)
+        audio, speech_end = wl.turn_audio(k, self.index)
         turn = self.turn = Turn(k, len(wl.utterances[k % len(wl.utterances)]) / BYTES_PER_S)
         c = wl.chunk_bytes
         for i in range(0, len(audio), c):
@@ -195,10 +216,18 @@ class Session:
                 turn.speech_end = time.perf_counter()
         limit = time.perf_counter() + wl.turn_timeout_s
         silence = bytes(c)
-        if wl.pace == "fast":  # enough silence for any VAD setting to end the turn, then wait
+        if wl.commit == "manual":  # the client ends the turn itself: nothing more goes into the buffer
+            turn.commit_sent = time.perf_counter()
+            await self.ws.send_str(json.dumps({"type": "input_audio_buffer.commit"}))
+            await self.ws.send_str(json.dumps({"type": "response.create"}))
+            try:
+                await asyncio.wait_for(turn.done.wait(), wl.turn_timeout_s)
+            except TimeoutError:
+                pass
+        elif wl.pace == "fast":  # enough silence for any VAD setting to end the turn, then wait
             for _ in range(-(-(max(wl.silence_ms or 0, 500) + 500) // wl.chunk_ms)):
                 await self.send_audio(silence)
-        while not turn.done.is_set() and time.perf_counter() < limit:  # the microphone keeps running
+        while wl.commit != "manual" and not turn.done.is_set() and time.perf_counter() < limit:  # the mic runs on
             if wl.pace == "realtime":
                 await self.send_audio(silence)
             else:
@@ -210,10 +239,11 @@ class Session:
             turn.errors.append(f"no response.done within {wl.turn_timeout_s:g} s of the end of speech "
                                f"(speech_stopped {'seen' if turn.stopped else 'never seen'})")
         gap_end = time.perf_counter() + wl.gap_s
-        while wl.pace == "realtime" and time.perf_counter() < gap_end:
+        while wl.pace == "realtime" and wl.commit != "manual" and time.perf_counter() < gap_end:
             await self.send_audio(silence)
-        if wl.pace == "fast":
+        if wl.pace == "fast" or wl.commit == "manual":
             await asyncio.sleep(wl.gap_s)
+            self._mic_t0 = time.perf_counter() - self._sent_bytes / BYTES_PER_S  # the mic was off meanwhile
         self.turn = None
         return turn
 
@@ -246,7 +276,7 @@ async def run_session(http, wl: Workload, i: int, delay: float, level_t0: float,
     out: dict[str, Any] = {"session": i, "turns": [], "error": None, "turn_detection": None}
     try:
         async with http.ws_connect(url, headers=headers, max_msg_size=0, heartbeat=30) as ws:
-            session = Session(ws, wl, (lambda: scrape(http, wl)) if alone else None)
+            session = Session(ws, wl, (lambda: scrape(http, wl)) if alone else None, i)
             reader = asyncio.create_task(session.read())
             try:
                 out["turns"] = await session.converse(level_t0)
@@ -278,8 +308,8 @@ async def run_level(wl: Workload, sessions: int, turns: int, phase: str) -> dict
                                          for i in range(sessions)))
         wall = time.perf_counter() - t0
         after = await scrape(http, wl)
-    return {"phase": phase, **level_summary(results, wall, sessions, turns),
-            "prefix_cache": prefix_cache(before, after),
+    return {"phase": phase, "commit": wl.commit, **level_summary(results, wall, sessions, turns),
+            "prefix_cache": prefix_cache(before, after), "encoder_cache": encoder_cache(before, after),
             "sessions_detail": results}
 
 
@@ -294,14 +324,18 @@ async def detect_model(url: str, api_key: str | None) -> str:
 
 
 async def sweep(wl: Workload, levels: list[int], cold: list[int], turns_at: dict[int, int],
-                warmup_turns: int, on_level=lambda rows: None) -> list[dict]:
-    """The cold levels, the warm-up session, the warm levels; `on_level(rows so far)` after each
-    (a run killed at its time limit keeps the levels it finished)."""
+                warmup_turns: int, on_level=lambda rows: None, commits: tuple[str, ...] = ("vad",)) -> list[dict]:
+    """The cold levels, the warm-up session, the warm levels (each level once per commit mode);
+    `on_level(rows so far)` after each (a run killed at its time limit keeps the levels it finished)."""
     out: list[dict] = []
 
     async def level(c: int, phase: str) -> None:
+        for commit in commits:
+            await one(c, phase, Workload(**{**wl.__dict__, "commit": commit}))
+
+    async def one(c: int, phase: str, wl: Workload) -> None:
         turns = turns_at.get(c, wl.turns)
-        say(f"{phase} level: {c} session(s) x {turns} turns ...")
+        say(f"{phase} level ({wl.commit} commit): {c} session(s) x {turns} turns ...")
         row = await run_level(wl, c, turns, phase)
         t1, tl = row["turn_first"], row["turn_last"]
         say(f"  turns ok {row['turns_ok']}/{row['turns_total']} in {row['wall_s']}s; end of speech -> audio p50 "
@@ -310,7 +344,8 @@ async def sweep(wl: Workload, levels: list[int], cold: list[int], turns_at: dict
             f"{(row['all_turns'].get('stopped_to_audio_ms') or {}).get('p50')} ms; commit -> audio p50/p90 "
             f"{(row['all_turns'].get('committed_to_audio_ms') or {}).get('p50')}/"
             f"{(row['all_turns'].get('committed_to_audio_ms') or {}).get('p90')} ms; prefix cache "
-            f"{ {k: v['hit_rate'] for k, v in row['prefix_cache'].items()} }")
+            f"{ {k: v['hit_rate'] for k, v in row['prefix_cache'].items()} }; encoder cache "
+            f"{ {k: v['hit_rate'] for k, v in row['encoder_cache'].items()} }")
         out.append(row)
         on_level(out)
 
@@ -351,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--turn-timeout-s", type=float, default=120.0, help="end of speech to response.done, at most")
     ap.add_argument("--level-deadline-s", type=float, default=None,
                     help="per level: no session starts a new turn after this many seconds")
+    ap.add_argument("--commit", default="vad", help="vad (the server's turn detection), manual (off: the client "
+                    "commits at end of speech), or both: manual,vad (every level once each)")
     ap.add_argument("--data", default=None, help="folder of the user's WAVs (default bench/data/realtime)")
     ap.add_argument("--label", default="omnid-realtime")
     ap.add_argument("--server-note", default="", help="what and where the server is (goes in the report)")
@@ -364,6 +401,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     levels, cold = parse_levels(args.sessions), parse_levels(args.cold)
     if (not levels and not cold) or min(levels + cold) < 1 or args.turns < 1:
         raise SystemExit("--sessions / --cold need positive integers, --turns at least 1")
+    commits = tuple(m.strip() for m in args.commit.split(",") if m.strip())
+    if not commits or not set(commits) <= {"vad", "manual"}:
+        raise SystemExit(f"--commit takes vad, manual or both (comma-separated), not {args.commit!r}")
     turns_at = {int(c): int(n) for c, n in (p.split("=") for p in args.level_turns.split(",") if p.strip())}
     model = args.model or asyncio.run(detect_model(args.url, args.api_key))
     utterances = load_utterances(Path(args.data)) if args.data else load_utterances()
@@ -380,9 +420,10 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                    "chunk_ms": args.chunk_ms, "lead_ms": args.lead_ms, "gap_s": args.gap_s,
                    "stagger_s": args.stagger_s, "max_tokens": args.max_tokens, "audio_tokens": args.audio_tokens,
                    "ignore_eos": True, "sampling": "server default (none sent)",
+                   "audio_per_session": "each session's utterances dithered by +-1 LSB (seeded): no shared clips",
                    "turn_detection_sent": wl.session_update()["session"].get("turn_detection"),
                    "utterances_s": [round(len(u) / BYTES_PER_S, 3) for u in utterances],
-                   "cold": cold, "sessions": levels, "warmup_turns": args.warmup_turns},
+                   "cold": cold, "sessions": levels, "warmup_turns": args.warmup_turns, "commit": list(commits)},
         "levels": [],
     }
 
@@ -398,7 +439,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             Path(args.md).write_text(text)
         return text
 
-    print(write(asyncio.run(sweep(wl, levels, cold, turns_at, args.warmup_turns, write))))
+    print(write(asyncio.run(sweep(wl, levels, cold, turns_at, args.warmup_turns, write, commits))))
     return report
 
 

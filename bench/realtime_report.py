@@ -1,6 +1,6 @@
 """bench/realtime.py's figures: a level's turn rows -> per-turn and whole-level percentiles, turn 1
-against the last turn, the prefix-cache hit rate per stage from two /metrics scrapes, and the
-markdown report (with the issue's targets checked)."""
+against the last turn, the prefix-cache hit rate per stage and the encoders' cache hit rate from two
+/metrics scrapes, and the markdown report (with the issues' targets checked)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Any
 
 from serve_report import machine_line, stats
 
-LATENCIES = ("eos_to_audio_ms", "stopped_to_audio_ms", "committed_to_audio_ms", "eos_to_stopped_ms", "server_ttfa_ms")
+LATENCIES = ("eos_to_audio_ms", "stopped_to_audio_ms", "committed_to_audio_ms", "commit_sent_to_audio_ms",
+             "eos_to_stopped_ms", "server_ttfa_ms")
 RATIO_OF = ("eos_to_audio_ms", "stopped_to_audio_ms")
 _METRIC = re.compile(r'^omni_stage_prefix_cache_(hit|queried)_tokens\{stage="([^"]+)"\} (\S+)$')
+_ENCODER = re.compile(r'^omni_stage_(cache_hits|encoded)\{stage="([^"]+)"\} (\S+)$')
 
 
 def _turn_stats(rows: list[dict], turn: int) -> dict[str, Any]:
@@ -48,10 +50,10 @@ def level_summary(sessions: list[dict], wall_s: float, n_sessions: int, turns: i
     }
 
 
-def _scrape(text: str) -> dict[str, dict[str, float]]:
+def _scrape(text: str, pattern: re.Pattern = _METRIC) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
-        m = _METRIC.match(line)
+        m = pattern.match(line)
         if m:
             out.setdefault(m.group(2), {})[m.group(1)] = float(m.group(3))
     return out
@@ -68,6 +70,20 @@ def prefix_cache(before: str, after: str) -> dict[str, dict[str, Any]]:
         queried = now.get("queried", 0.0) - was.get("queried", 0.0)
         if queried > 0:
             out[stage] = {"hit_tokens": int(hit), "queried_tokens": int(queried), "hit_rate": round(hit / queried, 4)}
+    return out
+
+
+def encoder_cache(before: str, after: str) -> dict[str, dict[str, Any]]:
+    """{stage: {hits, encoded, hit_rate}} over the level: inputs (audio clips or windows, images) an
+    encoder stage found in its cache over all it was given, from two scrapes."""
+    b, a = _scrape(before, _ENCODER), _scrape(after, _ENCODER)
+    out = {}
+    for stage, now in sorted(a.items()):
+        was = b.get(stage, {})
+        hits = now.get("cache_hits", 0.0) - was.get("cache_hits", 0.0)
+        encoded = now.get("encoded", 0.0) - was.get("encoded", 0.0)
+        if hits + encoded > 0:
+            out[stage] = {"hits": int(hits), "encoded": int(encoded), "hit_rate": round(hits / (hits + encoded), 4)}
     return out
 
 
@@ -99,6 +115,9 @@ def targets(report: dict[str, Any]) -> list[str]:
     for lv in report["levels"]:
         if lv["phase"] != "warm":
             continue
+        if lv.get("commit") == "manual":
+            out += manual_targets(lv)
+            continue
         r = lv["last_over_first_p50"].get("eos_to_audio_ms")
         if r is not None:
             verdict = "met" if r <= 1.10 else "missed"
@@ -114,13 +133,40 @@ def targets(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def manual_targets(lv: dict[str, Any]) -> list[str]:
+    """Issue 26: commit -> first audio p50 <= 150 ms (1 session) / 300 ms (8) on every turn, turn 10
+    within 1.2x of turn 2; p90 <= 500 ms at 32."""
+    per = {t["turn"]: t["committed_to_audio_ms"] for t in lv["per_turn"] if t["committed_to_audio_ms"]}
+    if not per:
+        return []
+    n, out = lv["sessions"], []
+    worst = max(d["p50"] for d in per.values())
+    limit = {1: 150, 8: 300}.get(n)
+    if limit:
+        out.append(f"- manual commit, {n} session(s): worst turn's commit -> first audio p50 {worst:,.0f} ms "
+                   f"(target <= {limit} on every turn: {'met' if worst <= limit else 'missed'})")
+    if 2 in per and 10 in per:
+        r = per[10]["p50"] / per[2]["p50"]
+        out.append(f"- manual commit, {n} session(s): turn 10 / turn 2 p50 = {r:.2f} (target <= 1.2: "
+                   f"{'met' if r <= 1.2 else 'missed'})")
+    if n == 32:
+        p90 = lv["all_turns"]["committed_to_audio_ms"]["p90"]
+        out.append(f"- manual commit, 32 sessions: commit -> first audio p90 {p90:,.0f} ms (target <= 500: "
+                   f"{'met' if p90 <= 500 else 'missed'})")
+    return out
+
+
+def _phase(lv: dict[str, Any]) -> str:
+    return lv["phase"] + (" manual" if lv.get("commit") == "manual" else "")
+
+
 def markdown(report: dict[str, Any]) -> str:
     m, cfg = report["machine"], report["config"]
     where = machine_line(m)
     where += f", {m['gpu']}" if "gpu" in m else ""
     head = ("| phase | sessions | turns ok/planned | EoS->audio p50/p90 turn 1 | last turn | last/1 | "
             "stopped->audio p50/p90 turn 1 | last turn | last/1 | EoS->stopped p50 | all turns EoS->audio p50/p90 | "
-            "audio out s | errors | prefix-cache hit rate |")
+            "audio out s | errors | prefix-cache hit rate | encoder cache hit rate |")
     lines = [f"## {report['label']}", "",
              f"Command: `{report['command']}`  ", f"Date: {report['date']}  ",
              f"Client machine: {where}; server: {report.get('server', '?')}  ",
@@ -133,27 +179,28 @@ def markdown(report: dict[str, Any]) -> str:
         t1, tl, r = lv["turn_first"], lv["turn_last"], lv["last_over_first_p50"]
         hits = ", ".join(f"{s} {v['hit_rate']:.0%}" for s, v in lv["prefix_cache"].items()) or "–"
         errs = sum(lv["errors"].values())
+        enc = ", ".join(f"{s} {v['hit_rate']:.0%}" for s, v in lv.get("encoder_cache", {}).items()) or "–"
         lines.append(
-            f"| {lv['phase']} | {lv['sessions']} | {lv['turns_ok']}/{lv['turns_planned']} "
+            f"| {_phase(lv)} | {lv['sessions']} | {lv['turns_ok']}/{lv['turns_planned']} "
             f"| {_pp(t1.get('eos_to_audio_ms'))} | {_pp(tl.get('eos_to_audio_ms'))} (turn {tl.get('turn', '–')}) "
             f"| {r['eos_to_audio_ms'] if r['eos_to_audio_ms'] is not None else '–'} "
             f"| {_pp(t1.get('stopped_to_audio_ms'))} | {_pp(tl.get('stopped_to_audio_ms'))} "
             f"| {r['stopped_to_audio_ms'] if r['stopped_to_audio_ms'] is not None else '–'} "
             f"| {_p(lv['all_turns']['eos_to_stopped_ms'])} | {_pp(lv['all_turns']['eos_to_audio_ms'])} "
-            f"| {lv['audio_out_s']:.2f} | {errs} | {hits} |")
+            f"| {lv['audio_out_s']:.2f} | {errs} | {hits} | {enc} |")
     turns = max((lv["turns_per_session"] for lv in report["levels"]), default=0)
-    lines += ["", "End of speech -> first audio p50 (ms) at each turn:", "",
+    lines += ["", "End of speech -> first audio p50/p90 over sessions (ms) at each turn:", "",
               "| phase | sessions | " + " | ".join(f"turn {t}" for t in range(1, turns + 1)) + " |",
               "|" + "---|" * (turns + 2)]
     for lv in report["levels"]:
-        cells = [_p(t["eos_to_audio_ms"]) for t in lv["per_turn"]] + ["–"] * (turns - len(lv["per_turn"]))
-        lines.append(f"| {lv['phase']} | {lv['sessions']} | " + " | ".join(cells) + " |")
+        cells = [_pp(t["eos_to_audio_ms"]) for t in lv["per_turn"]] + ["–"] * (turns - len(lv["per_turn"]))
+        lines.append(f"| {_phase(lv)} | {lv['sessions']} | " + " | ".join(cells) + " |")
     lines += ["", "Commit -> first audio p50/p90 (ms) at each turn (the server's own part: no VAD wait):", "",
               "| phase | sessions | " + " | ".join(f"turn {t}" for t in range(1, turns + 1)) + " |",
               "|" + "---|" * (turns + 2)]
     for lv in report["levels"]:
         cells = [_pp(t["committed_to_audio_ms"]) for t in lv["per_turn"]] + ["–"] * (turns - len(lv["per_turn"]))
-        lines.append(f"| {lv['phase']} | {lv['sessions']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_phase(lv)} | {lv['sessions']} | " + " | ".join(cells) + " |")
     errors = {e: n for lv in report["levels"] for e, n in lv["errors"].items()}
     lines += ["", "Targets (warm levels):", "", *(targets(report) or ["- no warm level measured"])]
     if errors:
@@ -161,7 +208,11 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "Times in ms. EoS = end of the user's speech: the moment the append holding its last speech sample "
               "was sent (at real-time pace, when a microphone would have recorded it). stopped = the client "
               "received `input_audio_buffer.speech_stopped` (the server VAD's silence wait is over). audio = the "
-              "first `response.audio.delta`. last/1 = p50 at the last turn reached over p50 at turn 1. Prefix-cache "
+              "first `response.audio.delta`. commit: the server's `input_audio_buffer.committed` as received (phase "
+              "'manual': turn detection off, the client commits at end of speech, so EoS -> audio is commit -> "
+              "audio seen by the client). last/1 = p50 at the last turn reached over p50 at turn 1. Encoder cache "
+              "hit rate: inputs (audio clips or attention windows) an encoder found encoded over all it was given. "
+              "Prefix-cache "
               "hit rate: prompt tokens each stage found in its cache over those it admitted during the level "
               "(/metrics before and after). phase cold: the first level on a freshly started server, before any "
               "warm-up; warm: after it.", ""]

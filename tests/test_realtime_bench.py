@@ -62,3 +62,22 @@ def test_three_spoken_turns_reported_and_a_later_turn_hits_the_prefix_cache(benc
     assert "the server's default, what users get" in text and "| warm | 1 | 3/3 |" in text
     commit_row = text.split("Commit -> first audio p50/p90")[1].split("| warm | 1 | ")[1].split("\n")[0]
     assert commit_row.count("/") == 3 and "–" not in commit_row  # p50/p90 at each of the 3 turns
+
+
+def test_manual_commit_reports_commit_to_audio_and_the_audio_encoders_cache(server, tmp_path):  # noqa: F811
+    md = tmp_path / "manual.md"
+    report = realtime.run(["--url", server.url, "--sessions", "1", "--cold", "", "--warmup-turns", "0", "--turns", "3",
+                           "--pace", "fast", "--gap-s", "0.1", "--max-tokens", "4", "--audio-tokens", "6",
+                           "--commit", "manual", "--md", str(md)])
+    (level,) = report["levels"]
+    assert level["commit"] == "manual" and level["turns_ok"] == 3, level["errors"]
+    assert level["turn_detection"] is None  # the session reported turn detection off
+    for row in level["sessions_detail"][0]["turns"]:
+        assert row["detections"] == 0 and row["responses"] == 1
+        assert row["eos_to_audio_ms"] >= row["commit_sent_to_audio_ms"] >= row["committed_to_audio_ms"] > 0
+    # each turn re-sends the conversation: clip 1 is found encoded at turns 2 and 3, clip 2 at turn 3
+    (audio,) = [v for k, v in level["encoder_cache"].items() if k.startswith("audio_encoder")]
+    assert audio["hits"] == 3 and audio["encoded"] == 3 and audio["hit_rate"] == 0.5
+    text = md.read_text()
+    assert "| warm manual | 1 | 3/3 |" in text and "audio_encoder.0 50%" in text
+    assert "manual commit, 1 session(s): worst turn's commit -> first audio p50" in text

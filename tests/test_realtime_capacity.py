@@ -58,3 +58,68 @@ def test_a_session_past_capacity_is_refused_and_the_open_ones_go_on(server):
             assert await answer(c) in ANSWERED
 
     asyncio.run(asyncio.wait_for(go(), 60))
+
+
+TINY_CAPACITY, SESSIONS = 24, 32
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+    from omni.models.qwen3_omni.graph import build
+    from qwen3_fixtures import THREADS_ENV
+
+    ckpt = str(make_tiny(tmp_path_factory.mktemp("tiny-capacity"), seed=1))
+    with LiveServer(mode="process", env=THREADS_ENV, build=lambda: build(ckpt),
+                    config=ServerConfig(port=0, max_realtime_sessions=TINY_CAPACITY)) as srv:
+        yield srv
+
+
+async def spoken_then_typed(conn, seed: int) -> list[str]:
+    import base64
+
+    import numpy as np
+
+    wave = np.random.default_rng(seed).standard_normal(24000) * 0.1
+    audio = base64.b64encode((wave * 32767).astype("<i2").tobytes()).decode()
+    statuses = []
+    for content in ({"type": "input_audio", "audio": audio}, {"type": "input_text", "text": "and then?"}):
+        await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [content]})
+        await conn.response.create(response={"modalities": ["text"],
+                                             "stage_sampling": {"thinker": {"max_tokens": 6, "temperature": 0}}})
+        async for event in conn:
+            assert event.type != "error", event.error
+            if event.type == "response.done":
+                statuses.append(event.response.status)
+                break
+    return statuses
+
+
+def test_thirty_two_sessions_on_the_tiny_model_all_answer_or_are_refused_as_documented(tiny_server):
+    opened = asyncio.Event()
+    count = {"open": 0}
+
+    async def one(i: int) -> str:
+        async with connect(tiny_server) as conn:
+            first = await conn.recv()
+            if first.type == "error":
+                assert (first.error.type, first.error.code) == ("rate_limit_error", "overloaded")
+                assert f"capacity of {TINY_CAPACITY} Realtime sessions" in first.error.message
+                return "refused"
+            assert first.type == "session.created"
+            count["open"] += 1
+            if count["open"] == TINY_CAPACITY:
+                opened.set()
+            await opened.wait()  # every admitted session is open at once: the refusals are real
+            assert all(s in ANSWERED for s in await spoken_then_typed(conn, i))
+            return "answered"
+
+    async def go():
+        tasks = []
+        for i in range(SESSIONS):
+            tasks.append(asyncio.create_task(one(i)))
+            await asyncio.sleep(0.02)
+        return await asyncio.gather(*tasks)
+
+    outcomes = asyncio.run(asyncio.wait_for(go(), 300))
+    assert outcomes.count("answered") == TINY_CAPACITY and outcomes.count("refused") == SESSIONS - TINY_CAPACITY

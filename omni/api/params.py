@@ -200,6 +200,8 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
     for i, msg in enumerate(req.messages):
         messages.append({"role": "system" if msg.role == "developer" else msg.role,
                          "content": await _content(state, msg.content, f"messages[{i}].content", audio_budget)})
+        if msg.token_ids is not None and msg.role == "assistant":  # the prompt takes them, not the text
+            messages[-1]["token_ids"] = msg.token_ids
     base = sampling_fields(req, req.max_completion_tokens or req.max_tokens, logprobs_asked(state, req))
     params = {"task": "chat", "messages": messages, "modalities": modalities, "voice": voice,
               "sampling": stage_sampling(state, base, req.stage_sampling)}

@@ -47,6 +47,7 @@ class Message(Struct):
     role: Literal["system", "developer", "user", "assistant"]
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None
+    token_ids: list[int] | None = None  # omni: an assistant answer's ids as generated, used instead of its text
 
 
 class ChatAudioOptions(Struct):

@@ -60,6 +60,7 @@ class ModelInfo:
     clones_voices: bool = False  # speaks in uploaded voices (/v1/audio/voices)
     speaker_sample_rate: int | None = None  # the rate a voice upload is resampled to (None: 24 kHz)
     openai_voices: dict[str, str] = field(default_factory=dict)  # OpenAI voice name -> its speaker (config.json)
+    audio_window: dict[str, int] | None = None  # its audio encoder's window {"samples", "lead"}: Realtime encodes turns by it
 
 
 def check_info(graph: Any, info: ModelInfo) -> None:

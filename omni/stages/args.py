@@ -103,13 +103,15 @@ class EncoderArgs(StageArgs):
 
     max_batch: int = 16  # inputs per forward
     cache_size: int = 0  # LRU entries of outputs keyed by the input's content hash; 0 = off
+    cache_mb: int = 0  # and at most this many MiB of outputs in it; 0 = bounded by entries only
     out_port: str = ""  # "" = the first outgoing port (or "out")
 
     def check(self) -> None:
         super().check()
         positive(self, "max_batch")
-        if self.cache_size < 0:
-            raise ValueError(f"cache_size must be >= 0, got {self.cache_size}")
+        for name in ("cache_size", "cache_mb"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass

@@ -1,10 +1,12 @@
 """The encoder stage: batches the pending inputs of many requests into one forward.
 
 A request's inputs arrive as chunks (one per audio / image, any port) and are encoded once
-its input has ended; its outputs leave in input order, one chunk per input. Each step runs one forward over up to `max_batch` inputs that share a
-batch key (inputs with equal keys give the same outputs batched or alone), then emits every
+its input has ended; its outputs leave in input order, one chunk per input. Each step runs one forward
+over up to `max_batch` inputs that share the batch key of the oldest pending input (inputs with equal
+keys give the same outputs batched or alone; oldest first, so none waits behind a busier key), then emits every
 finished request's outputs, in input order, and ends it. An optional LRU cache keyed by a
-hash of the input's content skips inputs seen before (the same image in many requests).
+hash of the input's content skips inputs seen before (the same image in many requests, a spoken
+conversation's earlier clips, which every turn re-sends); it is bounded by entries and by bytes.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class EncoderStage(Stage):
         self.encoder = encoder
         self.max_batch = ctx.args.max_batch
         self.cache_size = ctx.args.cache_size
+        self.cache_bytes = ctx.args.cache_mb << 20
+        self._cached_bytes = 0
         self.out_port = ctx.args.out_port or (ctx.out_ports[0] if ctx.out_ports else "out")
         self.cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.requests: dict[str, EncoderRequest] = {}
@@ -119,7 +123,9 @@ class EncoderStage(Stage):
             groups: dict[Hashable, list[tuple[str, int, dict]]] = {}
             for entry in pending:
                 groups.setdefault(self.encoder.batch_key(entry[2]), []).append(entry)
-            batch = max(groups.values(), key=len)[: self.max_batch]
+            # the oldest pending input's group, not the largest: under load an input whose key few
+            # share (a short clip's pad_len) would otherwise wait for as long as others keep coming
+            batch = next(iter(groups.values()))[: self.max_batch]
             outputs = self.encoder.encode([item for _, _, item in batch])
             self.forwards += 1
             self.encoded += len(batch)
@@ -132,13 +138,18 @@ class EncoderStage(Stage):
 
     def stats(self) -> dict[str, Any]:
         return {"running": len(self.requests), "pending_inputs": self.backlog(), "forwards": self.forwards,
-                "encoded": self.encoded, "cache_hits": self.cache_hits, "cache_entries": len(self.cache)}
+                "encoded": self.encoded, "cache_hits": self.cache_hits, "cache_entries": len(self.cache),
+                "cache_bytes": self._cached_bytes}
 
     def _remember(self, key: str, out: dict[str, Any]) -> None:
+        size = _nbytes(out)
+        if key in self.cache or (self.cache_bytes and size > self.cache_bytes):
+            return
         self.cache[key] = out
-        self.cache.move_to_end(key)
-        while len(self.cache) > self.cache_size:
-            self.cache.popitem(last=False)
+        self._cached_bytes += size
+        while len(self.cache) > self.cache_size or (self.cache_bytes and self._cached_bytes > self.cache_bytes):
+            _, old = self.cache.popitem(last=False)
+            self._cached_bytes -= _nbytes(old)
 
     def _finish_done(self) -> list[Emit]:
         emits: list[Emit] = []
@@ -150,3 +161,8 @@ class EncoderStage(Stage):
             for i in range(n):
                 emits.append(Emit(rid, self.out_port, dict(r.outputs[i]), finish=i == n - 1))
         return emits
+
+
+def _nbytes(out: dict[str, Any]) -> int:
+    """Bytes of an output's arrays and tensors (anything with `nbytes`)."""
+    return sum(int(getattr(v, "nbytes", 0)) for v in out.values())

@@ -44,6 +44,12 @@ class InputAudio:
             self.end += len(pcm)
         return pcm
 
+    def peek(self) -> np.ndarray:
+        """Every sample the buffer holds, left in it."""
+        if len(self._chunks) > 1:
+            self._chunks = [np.concatenate(self._chunks)]
+        return self._chunks[0].copy() if self._chunks else np.zeros(0, np.float32)
+
     def take(self, until: int) -> np.ndarray:
         """The samples from the buffer's start up to absolute index `until`; they leave the buffer."""
         whole = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)

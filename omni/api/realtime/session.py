@@ -23,6 +23,7 @@ from omni.api.errors import ApiError, as_api_error, bad_request
 from omni.api.realtime.audio_buffer import InputAudio
 from omni.api.realtime.config import SessionConfig
 from omni.api.realtime.conversation import Conversation, Item, Part, item_from_event, new_id, pcm16_to_float
+from omni.api.realtime.prefetch import AudioPrefetch
 from omni.api.realtime.response import Response, ResponseOptions, audio_ms, error_event
 from omni.api.realtime.transcripts import Transcripts
 from omni.api.realtime.vad import VAD_RATE, WINDOW, SpeechDetector
@@ -57,6 +58,7 @@ class RealtimeSession:
         self.task: asyncio.Task | None = None
         self.transcripts = Transcripts(state, send)
         self.hears = hears(state)
+        self.prefetch = AudioPrefetch.of(state, self.hears)  # the turn's audio encoded while spoken
 
     async def start(self) -> None:
         await self._reset_detector()
@@ -90,6 +92,8 @@ class RealtimeSession:
         """The socket is gone: cancel the response in every stage, free the detector, give the
         buffer and the conversation back to the server's budgets."""
         await self._cancel(None)
+        if self.prefetch is not None:
+            await self.prefetch.close()
         await self.transcripts.close()
         if self.detector is not None:
             await asyncio.get_running_loop().run_in_executor(_VAD_POOL, self.detector.close)
@@ -149,6 +153,8 @@ class RealtimeSession:
                 detect = self.config.turn_detection
                 if detect and detect.create_response and self.task is None:
                     await self._start_response(ResponseOptions(self.config))
+        if self.prefetch is not None and len(self.audio) and (detector is None or detector.speaking):
+            self.prefetch.offer(self.audio)
 
     def _hear(self, pcm24: np.ndarray, detector: SpeechDetector | None) -> list:
         """On the VAD thread: resample into the buffer, run the detector on the new samples, and

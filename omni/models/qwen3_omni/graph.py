@@ -20,6 +20,7 @@ every model stage: each draws its weights on its own device (`random_load`).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ TINY_MAX_TOKENS = {"thinker": 64, "talker": 256}
 # one replica's memory and compute relative to the others, for `omnid serve --gpus` (placement.py):
 # the 30B-A3B thinker dwarfs the 3B talker, which outweighs code2wav; the encoders are small
 _LOADS = {"thinker": 8.0, "talker": 3.0, "code2wav": 2.0, "audio_encoder": 0.5, "vision_encoder": 0.5}
+
+AUDIO_CACHE = {"cache_size": 4096, "cache_mb": 512}  # ~2.7 h of audio rows at the full size in bf16
 
 _KINDS = {name: f"{FAMILY}.{name}" for name in  # registered by stages/__init__.py, with their args
           ("preprocess", "audio_encoder", "vision_encoder", "thinker", "talker", "code2wav")}
@@ -89,7 +92,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
 
     stages = [
         stage("preprocess", {"model_dir": model_dir, "voices": voices}),  # its prompt bound: settle()
-        stage("audio_encoder", {"model_dir": model_dir, "out_port": "embeds"}, capability="audio_input"),
+        # a spoken conversation re-sends its earlier clips every turn: the cache encodes each once
+        stage("audio_encoder", {"model_dir": model_dir, "out_port": "embeds", **AUDIO_CACHE}, capability="audio_input"),
         stage("vision_encoder", {"model_dir": model_dir, "out_port": "embeds"}, capability="image_input"),
         stage("thinker", {"model_dir": model_dir, "default_sampling": {"max_tokens": lengths["thinker"]}}),
     ]
@@ -132,6 +136,7 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         audio_input=True,
         default_max_tokens=lengths["thinker"],
         openai_voices=openai_voices(model_dir),
+        audio_window=_audio_window(model_dir, cfg),
     )
     settle(graph, info)
     return graph, info
@@ -143,3 +148,14 @@ def settle(graph: Graph, info: ModelInfo) -> None:
     context = stage_args(graph.stage("thinker")).max_model_len
     graph.stage("preprocess").args["max_prompt_tokens"] = context
     info.max_context = context
+
+
+def _audio_window(model_dir: str, cfg: Qwen3OmniConfig) -> dict[str, int]:
+    """16 kHz samples of one audio encoder attention window, and the samples past a frame's centre
+    its log-mel needs: a Realtime session encodes a turn's windows while it is spoken (request.ENCODE)."""
+    path = Path(model_dir) / "preprocessor_config.json"
+    extra = json.loads(path.read_text()) if path.is_file() else {}
+    audio, hop = cfg.thinker.audio, int(extra.get("hop_length", 160))
+    chunk = 2 * audio.n_window
+    return {"samples": max(1, audio.n_window_infer // chunk) * chunk * hop, "lead": int(extra.get("n_fft", 400)) // 2}
+

@@ -1,6 +1,6 @@
 """The request params contract, as Qwen3-Omni's stages read it (what omnid puts in `params`).
 
-    {"task": "chat" | "speech" | "transcribe",
+    {"task": "chat" | "speech" | "transcribe" | "encode",
      "messages": [{"role", "content": str | [{"type": "text", "text"},
                                              {"type": "audio", "pcm": float32-LE bytes, "sample_rate"},
                                              {"type": "image", "data": encoded image bytes}]}],
@@ -8,7 +8,8 @@
      "voice": str | None,
      "sampling": {"thinker": {...}, "talker": {...}},
      "input": str,                      # speech task: the text to say
-     "audio": {"pcm", "sample_rate"},   # transcribe task: the audio to transcribe
+     "audio": {"pcm", "sample_rate"},   # transcribe task: the audio to transcribe; encode task: the
+                                        # start of a clip still being spoken (see `ENCODE`)
      "language": str | None, "prompt": str | None}   # transcribe task hints
 
 Every stage sees the same params (the kernel forwards them whole), so the rules that several
@@ -23,7 +24,10 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest
 
-TASKS = ("chat", "speech", "transcribe", "complete")
+TASKS = ("chat", "speech", "transcribe", "complete", "encode")
+# the encode task answers nothing: it encodes the complete attention windows of a clip still being
+# spoken into the audio encoder's cache (a Realtime turn), so that its chat request finds them there
+ENCODE = "encode"
 SPEECH_INSTRUCTION = "Read the following text aloud, exactly as written, and say nothing else:\n"
 TRANSCRIBE_INSTRUCTION = "Transcribe the audio into text."
 
@@ -39,7 +43,7 @@ def needs(params: dict[str, Any]) -> set[str]:
     the others: a text chat never touches the encoders or the talker. Anything not understood here
     counts as needing everything."""
     caps = {"audio_output"} if wants_audio(params) else set()
-    if params.get("task") == "transcribe":
+    if params.get("task") in ("transcribe", ENCODE):
         caps.add("audio_input")
     for message in params.get("messages") or ():
         content = message.get("content") if isinstance(message, dict) else None
@@ -103,6 +107,11 @@ def chat_messages(params: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(text, str) or not text.strip():
             raise InvalidRequest("the speech task needs a non-empty 'input' text")
         return [{"role": "user", "content": SPEECH_INSTRUCTION + text}]
+    if task == ENCODE:
+        audio = params.get("audio")
+        if not isinstance(audio, dict):
+            raise InvalidRequest("the encode task needs 'audio': {'pcm', 'sample_rate'}")
+        return [{"role": "user", "content": [_audio_item(audio)]}]
     if task == "transcribe":
         audio = params.get("audio")
         if not isinstance(audio, dict):

@@ -40,6 +40,18 @@ def chunk_lengths(frames: int, n_window: int) -> list[int]:
     return [chunk] * (frames // chunk) + ([frames % chunk] if frames % chunk else [])
 
 
+def window_spans(frames: int, pad_len: int, n_window: int, n_window_infer: int) -> list[tuple[int, int]]:
+    """The clip's attention windows as (start, stop) frames. Attention never crosses one, chunks
+    never straddle one and each chunk has its own positions, so a clip encoded window by window
+    (each with the clip's `pad_len`) gives the rows of the whole clip (to the batching tolerance):
+    a window can be encoded as soon as its frames are known, while the rest is still spoken."""
+    chunk = 2 * n_window
+    size = max(1, n_window_infer // chunk) * chunk
+    if pad_len < chunk:  # a clip under one chunk: one window
+        return [(0, frames)]
+    return [(a, min(a + size, frames)) for a in range(0, frames, size)]
+
+
 def default_pad_len(lengths: list[int], n_window: int) -> int:
     """transformers pads every chunk of a call to the longest chunk of that call."""
     return max(max(chunk_lengths(n, n_window)) for n in lengths)

@@ -15,10 +15,8 @@ Prefix caching (`prefix_key`): a text-only sequence's KV is decided by its token
 media also by each block's M-RoPE positions, merged embeddings and deepstack rows, hashed from
 host copies made once per request. Audio rows are keyed by their encoder's inputs (`audio_keys`)
 instead: an audio's embeddings change in their last bits with what it was batched with, so a
-conversation's earlier audio, encoded again with the new turn's, would never hit. (An audio's features
-themselves change when a request's audios are padded together, as transformers' processor does: turn 2
-of a spoken conversation re-extracts turn 1's audio one frame longer, a true miss; from turn 3 on the
-earlier audios' features are stable and hit.)
+conversation's earlier audio, encoded again with the new turn's, would never hit. (Each clip's
+features and pad_len are its own, whatever else the request holds: stages/clip_features.py.)
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ The chat template puts one `<|audio_pad|>` / `<|image_pad|>` per audio / image (
 prints content as one string gets them written in by `chat_template`); each is
 expanded to as many tokens as the encoders will output (audio: the conv stack's length per
 100-frame chunk; image: grid cells / merge^2). Audio features are Whisper log-mels (128 bins,
-16 kHz, all audios of a request padded to the longest, as the processor does); images are
-patchified by `image_patches`.
+16 kHz), each clip on its own (`clip_features`): a clip's features, and so its encoder rows and
+the thinker's prefix-cache keys, do not depend on what else the request holds, so a conversation's
+next turn reuses them. Images are patchified by `image_patches`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from omni.kernel.errors import InvalidRequest
 from omni.models.chat_template import content_format, render_messages
 from omni.layers.prompt_splice import splice, with_sentinels
 from omni.models.qwen3_omni.config import load_config
+from omni.models.qwen3_omni.stages.clip_features import ClipFeatures
 from omni.models.qwen3_omni.modules.image_patches import ImagePatchConfig, ImagePatches, image_to_patches
 
 SAMPLE_RATE = 16000
@@ -74,7 +76,9 @@ class Preprocessor:
         self.placeholders = _placeholders(self.tokenizer)
         self.special_ids = set(self.tokenizer.all_special_ids)
         extra = _read_preprocessor_config(ckpt_dir)
+        self.vocab_size = cfg.thinker.text.vocab_size
         self.n_window = cfg.thinker.audio.n_window
+        self.n_window_infer = cfg.thinker.audio.n_window_infer
         self.audio_token_id = cfg.thinker.audio_token_id
         self.image_token_id = cfg.thinker.image_token_id
         self.video_token_id = cfg.thinker.video_token_id
@@ -82,6 +86,7 @@ class Preprocessor:
             feature_size=cfg.thinker.audio.num_mel_bins, sampling_rate=SAMPLE_RATE,
             **{k: extra[k] for k in ("hop_length", "n_fft", "chunk_length", "dither") if k in extra},
         )
+        self.clip_features = ClipFeatures(self.feature_extractor)
         v = cfg.thinker.vision
         self.image_cfg = ImagePatchConfig(
             patch_size=extra.get("patch_size", v.patch_size),
@@ -95,6 +100,8 @@ class Preprocessor:
 
     def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> ThinkerInputs:
         messages, answers = with_sentinels(messages)  # earlier answers keep the ids generated
+        if any(t >= self.vocab_size for ids in answers for t in ids):
+            raise InvalidRequest(f"an assistant message's token_ids must be below the vocabulary size {self.vocab_size}")
         template_messages, audios, images = self._split_media(messages)
         template_messages = render_messages(template_messages, self.content_format, self.placeholders)
         text = self.tokenizer.apply_chat_template(
@@ -108,6 +115,12 @@ class Preprocessor:
         out.input_ids = self._expand(ids, out)
         return out
 
+    @property
+    def window_frames(self) -> int:
+        """Mel frames of one of the audio encoder's attention windows (audio_encoder.window_spans)."""
+        chunk = 2 * self.n_window
+        return max(1, self.n_window_infer // chunk) * chunk
+
     def _tokenize(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
@@ -119,15 +132,8 @@ class Preprocessor:
         return out
 
     def audio_features(self, audios: list[np.ndarray]) -> list[np.ndarray]:
-        """[128, frames] log-mels per audio (16 kHz mono float32 in), all padded together."""
-        if not audios:
-            return []
-        fx = self.feature_extractor(
-            audios, sampling_rate=SAMPLE_RATE, padding=True, truncation=False,
-            return_attention_mask=True, return_tensors="np")
-        lengths = fx["attention_mask"].sum(-1)
-        return [np.ascontiguousarray(fx["input_features"][i, :, :n], dtype=np.float32)
-                for i, n in enumerate(lengths)]
+        """[128, frames] log-mels per audio (16 kHz mono float32 in), each as if it came alone."""
+        return [self.clip_features(a) for a in audios]
 
     def _expand(self, ids: list[int], out: ThinkerInputs) -> np.ndarray:
         if ids.count(self.video_token_id):

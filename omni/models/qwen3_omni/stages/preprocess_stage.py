@@ -5,11 +5,17 @@ It checks the request (task, messages, voice, modalities) as soon as it opens, s
 fails before any model runs, then runs `Preprocessor` (chat template, tokenizer, Whisper log-mels,
 image patches) on the compute thread. Per request it emits, in this order:
 
-- port `audio`: one chunk per input audio {"features": [mel, frames] float32, "pad_len": int}
-  (`pad_len` is the request's longest chunk, as transformers pads all audios of a call together);
+- port `audio`: one chunk per attention window of each input audio {"features": [mel, frames]
+  float32, "pad_len": int} (`pad_len` is the clip's own longest chunk: each clip is encoded as if it
+  came alone, so its rows are the same in every request that holds it, see clip_features.py; a
+  window is encoded on its own, see `window_spans`, so the encoder's cache can hold a clip's windows
+  before the clip has ended);
 - port `image`: one chunk per input image {"pixels": [patches, C*T*P*P] float32, "grid_thw": [3]};
 - port `grids`: {"image_grid_thw": [n, 3]} when the prompt has images (the talker's M-RoPE needs them);
 - port `prompt`: {"token_ids": int64 [n]} (placeholders expanded), and the request ends here.
+
+The encode task (request.py `ENCODE`, a clip still being spoken) sends only the windows whose every
+frame is final (their samples all arrived) and an empty prompt: the thinker ends it at once.
 
 args: `PreprocessArgs` (stages/args.py); a prompt longer than `max_prompt_tokens` is refused by its
 characters at open, else by its token count before anything is sent on.
@@ -25,7 +31,8 @@ import numpy as np
 from omni.kernel.errors import InvalidRequest, OmniError
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.models.registry import CHARS_PER_TOKEN
-from omni.models.qwen3_omni.request import chat_messages, check_voice, completion_text, prompt_chars, wants_audio
+from omni.models.qwen3_omni.request import (ENCODE, chat_messages, check_voice, completion_text, prompt_chars,
+                                            wants_audio)
 from omni.models.qwen3_omni.stages.args import PreprocessArgs
 from omni.stages.args import coerce_args
 from omni.stages.threads import pin_torch_threads
@@ -35,6 +42,7 @@ from omni.stages.threads import pin_torch_threads
 class _Request:
     messages: list[dict[str, Any]]
     raw_text: str | None = None  # a text completion's prompt, tokenized without the chat template
+    encode: bool = False  # the encode task: a spoken clip's final windows only
     ready: bool = False
     outputs: list[Emit] = field(default_factory=list)
 
@@ -73,7 +81,7 @@ class PreprocessStage(Stage):
             if chars > self.max_prompt_tokens * CHARS_PER_TOKEN:
                 raise InvalidRequest(f"the prompt has {chars} characters: more than the model's context of "
                                      f"{self.max_prompt_tokens} tokens can hold")
-        self.requests[rid] = _Request(messages, completion_text(params))
+        self.requests[rid] = _Request(messages, completion_text(params), encode=params.get("task") == ENCODE)
 
     def close_input(self, rid: str) -> None:
         if rid in self.requests:
@@ -94,7 +102,8 @@ class PreprocessStage(Stage):
         for rid in [rid for rid, r in self.requests.items() if r.ready][: self.max_batch]:
             request = self.requests.pop(rid)
             try:
-                emits.extend(self.process(rid, request.messages, request.raw_text))
+                emits.extend(self.encode_windows(rid, request.messages) if request.encode
+                             else self.process(rid, request.messages, request.raw_text))
             except OmniError as exc:
                 emits.append(Emit(rid, error=str(exc), error_kind=exc.kind))
             except Exception as exc:  # a broken input (e.g. an undecodable image) fails only its request
@@ -106,14 +115,12 @@ class PreprocessStage(Stage):
     def process(self, rid: str, messages: list[dict[str, Any]], raw_text: str | None = None) -> list[Emit]:
         from omni.models.qwen3_omni.modules.audio_encoder import default_pad_len
 
+        nw = self.pre.n_window
         inputs = self.pre.raw(raw_text) if raw_text is not None else self.pre(messages)
         if self.max_prompt_tokens and len(inputs.input_ids) > self.max_prompt_tokens:
             raise InvalidRequest(f"the prompt is {len(inputs.input_ids)} tokens; the model's context is "
                                  f"{self.max_prompt_tokens} tokens")
-        emits = []
-        if inputs.audio_features:
-            pad_len = default_pad_len([f.shape[1] for f in inputs.audio_features], self.pre.n_window)
-            emits += [Emit(rid, "audio", {"features": f, "pad_len": pad_len}) for f in inputs.audio_features]
+        emits = [e for f in inputs.audio_features for e in self._windows(rid, f, default_pad_len([f.shape[1]], nw))]
         for image in inputs.images:
             emits.append(Emit(rid, "image", {"pixels": image.pixels,
                                              "grid_thw": np.asarray(image.grid_thw, dtype=np.int64)}))
@@ -122,5 +129,33 @@ class PreprocessStage(Stage):
         emits.append(Emit(rid, "prompt", {"token_ids": inputs.input_ids}, finish=True))
         return emits
 
+    def encode_windows(self, rid: str, messages: list[dict[str, Any]]) -> list[Emit]:
+        """A clip still being spoken: its windows whose frames are all final, then an empty prompt."""
+        from omni.models.qwen3_omni.modules.audio_encoder import default_pad_len
+
+        pcm = _pcm16k(messages[0]["content"][0]["audio"])
+        features = self.pre.clip_features(pcm, remember=False)
+        fx = self.pre.feature_extractor
+        final = (len(pcm) - fx.n_fft // 2) // fx.hop_length  # frames whose samples all arrived
+        window = self.pre.window_frames
+        emits = []
+        if final >= window:  # the clip is at least a window long: its pad_len is a whole chunk
+            pad_len = default_pad_len([features.shape[1]], self.pre.n_window)
+            emits = self._windows(rid, features[:, : final // window * window], pad_len)
+        return emits + [Emit(rid, "prompt", {"token_ids": np.zeros(0, np.int64)}, finish=True)]
+
+    def _windows(self, rid: str, features: np.ndarray, pad_len: int) -> list[Emit]:
+        from omni.models.qwen3_omni.modules.audio_encoder import window_spans
+
+        spans = window_spans(features.shape[1], pad_len, self.pre.n_window, self.pre.n_window_infer)
+        return [Emit(rid, "audio", {"features": np.ascontiguousarray(features[:, a:b]), "pad_len": pad_len})
+                for a, b in spans]
+
     def stats(self) -> dict[str, Any]:
         return {"open": len(self.requests), "ready": self.backlog(), "processed": self.processed}
+
+
+def _pcm16k(audio: dict[str, Any]) -> np.ndarray:
+    from omni.models.qwen3_omni.stages.preprocess import _audio_pcm
+
+    return _audio_pcm(audio)

@@ -27,7 +27,7 @@ from typing import Any
 from omni.kernel.errors import GraphError
 from omni.kernel.stage import Emit, StageContext
 from omni.models.qwen3_omni.config import load_config
-from omni.models.qwen3_omni.request import wants_audio
+from omni.models.qwen3_omni.request import ENCODE, wants_audio
 from omni.layers.fused_ops import use_fused_ops
 from omni.layers.moe_routed import use_moe_backend
 from omni.models.loading import load_format, load_part
@@ -131,6 +131,9 @@ class ThinkerStage(ARStage):
                 for n in self.warm_lengths()]
 
     def submit(self, rid: str, params: dict[str, Any], token_ids: list[int], inputs: dict[str, Any]) -> None:
+        if params.get("task") == ENCODE:  # it only filled the audio encoder's cache: nothing to say
+            self._errors += [Emit(rid, self.text_port, {"token_ids": [], "finish_reason": "stop"}), Emit(rid, finish=True)]
+            return
         super().submit(rid, params, token_ids, inputs)
         self._texts[rid] = TextStream(self.tokenizer)
 
