@@ -68,6 +68,34 @@ def test_a_write_not_taken_in_within_the_timeout_cuts_the_connection_off():
     assert request.transport.aborted
 
 
+def test_a_cancel_that_lands_as_a_write_ends_is_not_lost():
+    """A barge-in cancels the Realtime response while it streams audio: the cancel often lands just
+    as a write completes. (asyncio.wait_for lost it there, and the answer played to its end.)"""
+
+    async def go():
+        output, gate = ClientOutput(_request(_state())), asyncio.get_running_loop().create_future()
+
+        async def send():
+            await gate
+
+        async def stream():
+            await output.write(10, send)
+            await asyncio.sleep(0)  # the next write
+            return "went on"
+
+        task = asyncio.ensure_future(stream())
+        for _ in range(2):
+            await asyncio.sleep(0)
+        gate.set_result(None)
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    for _ in range(20):
+        asyncio.run(go())
+
+
 def test_queued_output_of_every_connection_shares_the_output_budget():
     state = _state(budgets={"output": 1000})
     first, second = ClientOutput(_request(state, buffered=800)), ClientOutput(_request(state, buffered=300))

@@ -60,9 +60,10 @@ class ClientOutput:
                 self.lease.resize(queued)
             except ApiError as err:
                 self._cut(err.message)
-            try:
-                await asyncio.wait_for(send(), self.timeout_s)
-            except asyncio.TimeoutError:
+            try:  # asyncio.timeout, not wait_for: wait_for (3.11) loses a cancel that lands as send() ends
+                async with asyncio.timeout(self.timeout_s):
+                    await send()
+            except TimeoutError:
                 self._cut(f"the client read nothing for {self.timeout_s:g} s")
         finally:
             self.waiting -= nbytes
