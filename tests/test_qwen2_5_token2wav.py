@@ -143,3 +143,18 @@ def test_streamed_with_full_context_equals_whole_and_default_within_tolerance(pa
     streamed = _run(_stage(model), feeds, params, piece=3)["a"]
     assert streamed.shape == wav.shape
     print("streamed vs whole, of peak:", _close(streamed, wav.numpy(), STREAM_TOL))
+
+
+def test_the_stage_kind_builds_from_a_checkpoint(tmp_path):
+    from omni.models.registry import REGISTRY
+
+    path = make_tiny(tmp_path / "t", seed=2, preset="tiny-b")
+    cls = REGISTRY.stage_class("qwen2.5-omni.token2wav")
+    args_cls = REGISTRY.stage_args_class("qwen2.5-omni.token2wav")
+    assert args_cls.__name__ == "Token2WavArgs"
+    with pytest.raises(ValueError):
+        args_cls(solver="dopri5")
+    stage = cls(StageContext(name="token2wav", args={"model_dir": str(path), "solver": "euler", "num_steps": 3}))
+    stage.setup()
+    pcm = _run(stage, {"a": np.arange(9)}, {"a": {"seed": 1, "speaker": "Ethan"}})["a"]
+    assert pcm.shape == (9 * 4 * stage.model.code2wav_bigvgan_model.hop,) and np.isfinite(pcm).all()
