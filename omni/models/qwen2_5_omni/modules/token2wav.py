@@ -9,7 +9,7 @@ as they come. Weights load by name under `token2wav.` (`code2wav_dit_model.`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,6 @@ class Token2WavStream:
     spk: torch.Tensor  # [1, enc_dim]: ECAPA of the reference mel
     null_spk: torch.Tensor  # [1, enc_dim]: ECAPA of a zero mel of its length
     mel: MelStream
-    chunks: list = field(default_factory=list)
 
 
 class Token2Wav(nn.Module):
