@@ -131,6 +131,40 @@ class VocoderArgs(StageArgs):
             raise ValueError(f"max_batch must be >= 1 (0: by device), got {self.max_batch}")
 
 
+ODE_SOLVERS = ("rk4", "euler")  # omni/stages/ode.py
+
+
+@dataclass
+class DiffusionArgs(StageArgs):
+    """The generic diffusion stage (omni/stages/diffusion.py); sizes in the model's blocks (the
+    tokens its attention groups: windows start on them). A request may override the ODE fields
+    in `params["sampling"][stage name]`."""
+
+    num_steps: int = 10  # time points of the ODE grid (num_steps - 1 intervals)
+    guidance_scale: float = 0.5  # classifier-free guidance; < 1e-5: no null rows
+    sway_coefficient: float = -1.0  # sway sampling of the time grid
+    solver: str = "rk4"
+    first_chunk_blocks: int = 2  # tokens of a stream's first window (time to first audio); 0: whole utterance
+    chunk_blocks: int = 3  # tokens of every later window
+    left_context_blocks: int = 2  # context before a chunk, in its window (its output is dropped)
+    right_context_blocks: int = 1  # context after a chunk: a window waits for these tokens
+    max_batch: int = 0  # windows per forward (guidance rows not counted); 0 = 32 on a GPU, else 8
+    out_port: str = ""  # "" = the first outgoing port (or "out")
+
+    def check(self) -> None:
+        super().check()
+        positive(self, "num_steps")
+        if self.num_steps < 2:
+            raise ValueError(f"num_steps must be >= 2, got {self.num_steps}")
+        if self.solver not in ODE_SOLVERS:
+            raise ValueError(f"solver must be one of {ODE_SOLVERS}, got {self.solver!r}")
+        for name in ("first_chunk_blocks", "chunk_blocks", "left_context_blocks", "right_context_blocks", "max_batch"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.first_chunk_blocks and not self.chunk_blocks:
+            raise ValueError("chunk_blocks must be >= 1 when streaming (first_chunk_blocks > 0)")
+
+
 LOAD_FORMATS = ("auto", "safetensors", "random")
 
 

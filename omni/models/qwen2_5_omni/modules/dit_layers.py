@@ -1,0 +1,107 @@
+"""The DiT's blocks: sinusoidal time embedding, AdaLayerNorm-Zero modulation, block-masked attention
+with RoPE on the first head only (as the checkpoint was trained), and the GELU MLP. Module names
+follow the reference checkpoint (`attn_norm.linear`, `attn.to_q`, `ff.ff.0`, ...)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omni.layers.attention import sdpa
+from omni.layers.rotary import apply_rope
+
+EPS = 1e-6
+
+
+def sinusoid(t: torch.Tensor, dim: int, scale: float = 1000.0) -> torch.Tensor:
+    """[N] times in [0, 1] -> [N, dim] (sin half, cos half)."""
+    half = dim // 2
+    freqs = torch.exp(torch.arange(half, device=t.device).float() * -(math.log(10000) / (half - 1)))
+    angles = scale * t.unsqueeze(1) * freqs.unsqueeze(0)
+    return torch.cat((angles.sin(), angles.cos()), dim=-1).type_as(t)
+
+
+class TimestepEmbedding(nn.Module):
+    def __init__(self, dim: int, freq_dim: int = 256):
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.time_mlp = nn.ModuleList([nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim)])
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        h = sinusoid(t, self.freq_dim)
+        for layer in self.time_mlp:
+            h = layer(h)
+        return h
+
+
+class AdaNorm(nn.Module):
+    """LayerNorm (no affine) modulated by the time embedding; `chunks` parameter sets per row."""
+
+    def __init__(self, dim: int, chunks: int):
+        super().__init__()
+        self.chunks = chunks
+        self.linear = nn.Linear(dim, dim * chunks)
+
+    def params(self, emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.chunk(self.linear(F.silu(emb)), self.chunks, dim=1)
+
+
+def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, x.shape[-1:], eps=EPS) * (1 + scale[:, None]) + shift[:, None]
+
+
+def deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """(x0, x1, x2, x3, ...) -> (x0, x2, ..., x1, x3, ...): the checkpoint's RoPE pairs are interleaved."""
+    return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
+
+
+class DiTAttention(nn.Module):
+    def __init__(self, hidden: int, heads: int, head_dim: int):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        inner = heads * head_dim
+        self.to_q = nn.Linear(hidden, inner)
+        self.to_k = nn.Linear(hidden, inner)
+        self.to_v = nn.Linear(hidden, inner)
+        self.to_out = nn.ModuleList([nn.Linear(inner, hidden)])
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x [N, T, hidden]; cos/sin [T, head_dim]; mask [T, T] bool (True: attend)."""
+        n, t, _ = x.shape
+        q, k, v = (p(x).view(n, t, self.heads, self.head_dim) for p in (self.to_q, self.to_k, self.to_v))
+        q = torch.cat((apply_rope(deinterleave(q[:, :, :1]), cos, sin), q[:, :, 1:]), dim=2)
+        k = torch.cat((apply_rope(deinterleave(k[:, :, :1]), cos, sin), k[:, :, 1:]), dim=2)
+        out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+        return self.to_out[0](out.transpose(1, 2).reshape(n, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, mult: int):
+        super().__init__()
+        inner = int(dim * mult)  # index 2 was a Dropout: Identity keeps the checkpoint's indices
+        self.ff = nn.ModuleList([nn.Linear(dim, inner), nn.GELU(approximate="tanh"), nn.Identity(), nn.Linear(inner, dim)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.ff:
+            x = layer(x)
+        return x
+
+
+class DiTBlock(nn.Module):
+    """Attention over the blocks within [-back, +ahead] of a frame's own, then the MLP, both gated."""
+
+    def __init__(self, cfg, back: int, ahead: int):
+        super().__init__()
+        self.back, self.ahead = back, ahead
+        self.attn_norm = AdaNorm(cfg.hidden_size, 6)
+        self.attn = DiTAttention(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim)
+        self.ff = MLP(cfg.hidden_size, cfg.ff_mult)
+
+    def forward(self, x, emb, cos, sin, block_diff):
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.attn_norm.params(emb)
+        mask = (block_diff >= -self.back) & (block_diff <= self.ahead)
+        x = x + gate_a.unsqueeze(1) * self.attn(modulate(x, scale_a, shift_a), cos, sin, mask)
+        return x + gate_m.unsqueeze(1) * self.ff(modulate(x, scale_m, shift_m))

@@ -1,0 +1,17 @@
+"""The token2wav stage of a Qwen2.5-Omni graph: the DiT + BigVGAN under omni's diffusion stage."""
+
+from __future__ import annotations
+
+from omni.models.loading import load_part
+from omni.models.qwen2_5_omni.modules.token2wav import Token2Wav
+from omni.models.qwen2_5_omni.stages.args import Token2WavArgs
+from omni.stages.diffusion import DiffusionStage
+
+
+class Token2WavStage(DiffusionStage):
+    """args: `Token2WavArgs`; codes in on `codes`, PCM out (fp32: the reference runs token2wav in fp32)."""
+
+    Args = Token2WavArgs
+
+    def build_model(self) -> Token2Wav:
+        return load_part(Token2Wav, vars(self.ctx.args), self.ctx.device, default_dtype="float32")

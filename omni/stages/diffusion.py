@@ -1,0 +1,275 @@
+"""The diffusion stage: a flow-matching model's ODE solved for many streams, one forward per step.
+
+Each stream's tokens are solved window by window (diffusion_windows.py: chunks with left and right
+context, aligned to the model's attention blocks), each window from the stream's own noise. A step
+asks every running window's solver (ode.py) where it needs the velocity, whatever step or sub-step
+it is at, and evaluates all of them in one forward per window length: the conditional rows of every
+window and, for the guided ones, their null rows in the same batch; guidance then combines each
+pair (v_c + (v_c - v_null) * scale). A finished window's chunk goes out as the model renders it
+(`render`, e.g. through a vocoder), else as the latent itself.
+
+Noise: a request's `seed` draws its noise as `torch.manual_seed(seed); torch.randn(...)` would, on
+the CPU in float32, frame after frame (see `NoiseStream`), so a seed reproduces a reference that
+draws the whole utterance's noise at once; no seed: a random one.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from omni.kernel.errors import InvalidRequest
+from omni.kernel.stage import Emit, Stage, StageContext
+from omni.stages.args import DiffusionArgs, coerce_args
+from omni.stages.diffusion_windows import Chunking, Window
+from omni.stages.ode import Solver, make_solver, time_grid
+from omni.stages.threads import pin_torch_threads
+
+GPU_MAX_BATCH, CPU_MAX_BATCH = 32, 8
+ODE_FIELDS = ("num_steps", "guidance_scale", "sway_coefficient", "solver")
+
+
+class DiffusionModel(Protocol):
+    """What the stage needs of a model (torch stays inside it)."""
+
+    latent_dim: int
+    frames_per_token: int  # latent frames per input token
+    align_tokens: int  # windows start on multiples of this
+    max_frames: int  # the longest window
+    codebook_size: int  # tokens lie in [0, codebook_size)
+    device: Any
+
+    def new_stream(self, params: dict[str, Any]) -> Any:
+        """Per-request state (its conditioning); raises InvalidRequest for bad params."""
+        ...
+
+    def features(self, stream: Any, tokens: Any, guided: bool) -> tuple[Any, Any]:
+        """tokens [n] int64 tensor -> the fixed input of the window's rows, [n * frames_per_token, F]
+        conditional and null (None when not guided)."""
+        ...
+
+    def velocity(self, x: Any, t: Any, feats: Any) -> Any:
+        """x [N, T, latent_dim] at times t [N] with feats [N, T, F] -> [N, T, latent_dim]."""
+        ...
+
+    # optional: render(stream, latent [T, latent_dim], last) -> dict | None (what goes out for a
+    # chunk); release(stream)
+
+
+class NoiseStream:
+    """A stream's initial noise, drawn on demand frame by frame from its own CPU generator.
+
+    torch's CPU normal fill draws blocks of 16 values, so consecutive draws of n * dim values
+    concatenate to one draw of the total when dim is a multiple of 16 (the published mel_dim is 80);
+    otherwise the longest utterance's noise is drawn at once and sliced."""
+
+    def __init__(self, seed: int, dim: int, max_frames: int) -> None:
+        import torch
+
+        self.dim, self.max_frames = dim, max_frames
+        self.generator = torch.Generator().manual_seed(seed)
+        self.frames = torch.empty(0, dim)
+
+    def upto(self, frames: int) -> Any:
+        """Frames [0, frames) of the noise, [frames, dim] float32 (CPU)."""
+        import torch
+
+        have = self.frames.shape[0]
+        if frames > have:
+            n = frames - have if self.dim % 16 == 0 else self.max_frames - have
+            more = torch.randn([1, n, self.dim], dtype=torch.float32, generator=self.generator)[0]
+            self.frames = torch.cat([self.frames, more])
+        return self.frames[:frames]
+
+
+@dataclass
+class Running:
+    """One window in flight."""
+
+    window: Window
+    solver: Solver
+    feats: Any
+    null: Any  # None: unguided
+    scale: float
+
+
+@dataclass
+class DiffusionRequest:
+    stream: Any
+    noise: NoiseStream
+    ode: dict[str, Any]
+    tokens: list[Any] = field(default_factory=list)  # int64 blocks
+    received: int = 0
+    done: int = 0  # tokens whose chunks went out
+    closed: bool = False
+    running: Running | None = None
+    flushed: bool = False  # the model rendered the stream's last chunk
+
+
+class DiffusionStage(Stage):
+    """args: `DiffusionArgs` (omni/stages/args.py; a subclass names its own in `Args` and builds its
+    model in `build_model`)."""
+
+    in_port = "codes"
+    Args: type[DiffusionArgs] = DiffusionArgs
+
+    def __init__(self, ctx: StageContext, model: DiffusionModel | None = None) -> None:
+        ctx.args = coerce_args(self.Args, ctx.args, ctx.name)
+        super().__init__(ctx)
+        self.model = model
+        self.requests: dict[str, DiffusionRequest] = {}
+        self.out_port = ctx.args.out_port or (ctx.out_ports[0] if ctx.out_ports else "out")
+        self.forwards = 0
+        self.rows = 0  # rows evaluated (guidance rows included)
+
+    def build_model(self) -> DiffusionModel:
+        raise NotImplementedError("pass a model or override build_model")
+
+    def setup(self) -> None:
+        pin_torch_threads(self.ctx.args.threads)
+        if self.model is None:
+            self.model = self.build_model()
+        self._ready()
+
+    def _ready(self) -> None:
+        a, m = self.ctx.args, self.model
+        self.chunking = Chunking.in_blocks(m.align_tokens, a.first_chunk_blocks, a.chunk_blocks,
+                                           a.left_context_blocks, a.right_context_blocks)
+        on_gpu = str(getattr(m, "device", "cpu")).startswith("cuda")
+        self.max_batch = a.max_batch or (GPU_MAX_BATCH if on_gpu else CPU_MAX_BATCH)
+
+    # ---- requests -------------------------------------------------------------------
+    def open(self, rid: str, params: dict[str, Any]) -> None:
+        if not hasattr(self, "chunking"):
+            self._ready()
+        ode = {k: getattr(self.ctx.args, k) for k in ODE_FIELDS}
+        ode.update({k: v for k, v in ((params.get("sampling") or {}).get(self.ctx.name) or {}).items()
+                    if k in ODE_FIELDS + ("seed",)})
+        seed = ode.pop("seed", params.get("seed"))
+        if int(ode["num_steps"]) < 2:
+            raise InvalidRequest(f"num_steps must be >= 2, got {ode['num_steps']}")
+        seed = random.getrandbits(63) if seed is None else int(seed)
+        self.requests[rid] = DiffusionRequest(self.model.new_stream(params),
+                                              NoiseStream(seed, self.model.latent_dim, self.model.max_frames), ode)
+
+    def feed(self, rid: str, port: str, data: dict[str, Any]) -> None:
+        req = self.requests[rid]
+        if req.closed:
+            raise InvalidRequest(f"tokens for {rid} after its input ended")
+        codes = data["codes"]
+        if type(codes).__module__.startswith("torch"):
+            codes = codes.detach().cpu().numpy()
+        codes = np.array(codes, copy=True)
+        if codes.dtype.kind not in "iu":
+            raise InvalidRequest(f"codes must be integers, got {codes.dtype}")
+        if codes.ndim == 2 and codes.shape[1] == 1:
+            codes = codes[:, 0]
+        if codes.ndim > 1:
+            raise InvalidRequest(f"codes must be [n] or [n, 1], got {list(codes.shape)}")
+        codes = codes.reshape(-1).astype(np.int64)
+        if codes.size and (codes.min() < 0 or codes.max() >= self.model.codebook_size):
+            raise InvalidRequest(f"codes must lie in [0, {self.model.codebook_size})")
+        if (req.received + codes.size) * self.model.frames_per_token > self.model.max_frames:
+            raise InvalidRequest(f"more than {self.model.max_frames // self.model.frames_per_token} tokens")
+        req.tokens.append(codes)
+        req.received += codes.size
+
+    def close_input(self, rid: str) -> None:
+        self.requests[rid].closed = True
+
+    def abort(self, rid: str) -> None:
+        req = self.requests.pop(rid, None)
+        release = getattr(self.model, "release", None)
+        if req is not None and release is not None:
+            release(req.stream)
+
+    # ---- stepping -------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return any(r.running or self._next(r) or (r.closed and r.done >= r.received)
+                   for r in self.requests.values())
+
+    def backlog(self) -> int:
+        return sum(r.received - r.done for r in self.requests.values())
+
+    def step(self) -> list[Emit]:
+        emits: list[Emit] = []
+        for rid, req in list(self.requests.items()):
+            if req.running is None and req.closed and req.done >= req.received:
+                emits.append(Emit(rid, self.out_port, self._flush(req), finish=True))
+                self.abort(rid)
+            elif req.running is None and (window := self._next(req)) is not None:
+                req.running = self._start(req, window)
+        for group in self._groups():
+            self._evaluate(group)
+        for rid, req in list(self.requests.items()):
+            if req.running is not None and req.running.solver.done:
+                emits += self._finish(rid, req)
+        return emits
+
+    def _next(self, req: DiffusionRequest) -> Window | None:
+        return self.chunking.next_window(req.done, req.received, req.closed) if req.running is None else None
+
+    def _start(self, req: DiffusionRequest, window: Window) -> Running:
+        import torch
+
+        m, fpt = self.model, self.model.frames_per_token
+        if len(req.tokens) > 1:
+            req.tokens = [np.concatenate(req.tokens)]
+        tokens = torch.from_numpy(req.tokens[0][window.start:window.end]).to(m.device)
+        scale = float(req.ode["guidance_scale"])
+        feats, null = m.features(req.stream, tokens, guided=scale >= 1e-5)
+        x0 = req.noise.upto(window.end * fpt)[window.start * fpt:].to(m.device)
+        times = time_grid(int(req.ode["num_steps"]), req.ode["sway_coefficient"]).to(m.device)
+        return Running(window, make_solver(req.ode["solver"], x0, times), feats, null, scale)
+
+    def _groups(self) -> list[list[Running]]:
+        """Running windows by length (rows of one forward), at most `max_batch` a forward."""
+        by_len: dict[int, list[Running]] = {}
+        for req in self.requests.values():
+            if req.running is not None and not req.running.solver.done:
+                by_len.setdefault(req.running.window.tokens, []).append(req.running)
+        return [g[i:i + self.max_batch] for g in by_len.values() for i in range(0, len(g), self.max_batch)]
+
+    def _evaluate(self, group: list[Running]) -> None:
+        """One forward for every window of `group`: conditional rows, then the guided ones' null rows."""
+        import torch
+
+        points = [r.solver.point() for r in group]
+        guided = [i for i, r in enumerate(group) if r.null is not None]
+        xs = [x for _, x in points] + [points[i][1] for i in guided]
+        ts = [t for t, _ in points] + [points[i][0] for i in guided]
+        feats = [r.feats for r in group] + [group[i].null for i in guided]
+        with torch.inference_mode():
+            v = self.model.velocity(torch.stack(xs), torch.stack(ts), torch.stack(feats))
+        self.forwards += 1
+        self.rows += len(xs)
+        null_row = {i: len(group) + j for j, i in enumerate(guided)}
+        for i, r in enumerate(group):
+            vc = v[i]
+            if i in null_row:
+                vc = vc + (vc - v[null_row[i]]) * r.scale
+            r.solver.advance(vc)
+
+    def _finish(self, rid: str, req: DiffusionRequest) -> list[Emit]:
+        run, fpt = req.running, self.model.frames_per_token
+        req.running, w = None, run.window
+        latent = run.solver.value[(w.chunk_start - w.start) * fpt:(w.chunk_end - w.start) * fpt]
+        req.done = w.chunk_end
+        render = getattr(self.model, "render", None)
+        req.flushed = w.last
+        data = render(req.stream, latent, w.last) if render else {"latent": latent.float().cpu().numpy()}
+        return [Emit(rid, self.out_port, data)] if data is not None else []
+
+    def _flush(self, req: DiffusionRequest) -> dict[str, Any] | None:
+        """What a model holds back of a stream whose last chunk was not known to be last."""
+        render = getattr(self.model, "render", None)
+        if render is None or req.flushed or not req.done:
+            return None
+        return render(req.stream, None, True)
+
+    def stats(self) -> dict[str, Any]:
+        return {"running": len(self.requests), "buffered_tokens": self.backlog(), "forwards": self.forwards,
+                "rows": self.rows, "max_batch": self.max_batch}

@@ -1,0 +1,56 @@
+"""Which tokens a diffusion stream solves next: plain Python over counts, no tensors.
+
+A stream's tokens are cut into chunks; each chunk is solved in a window that adds context before and
+after it (the window's output outside the chunk is dropped). Chunks and windows start on multiples
+of `align` (the model's attention block), so a window's blocks are the whole utterance's blocks. A
+window waits until its right context has arrived, or the input ended. With `first_chunk == 0` the
+stream is solved whole, in one window, once its input ended: exactly what a reference that only
+decodes whole utterances computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Window:
+    start: int  # first token of the window (context included)
+    chunk_start: int  # the chunk: tokens whose output this window emits
+    chunk_end: int
+    end: int  # one past the window's last token
+    last: bool  # the stream's last chunk
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """All in tokens; every value a multiple of `align`."""
+
+    align: int
+    first_chunk: int  # 0: the whole utterance in one window
+    chunk: int
+    left: int
+    right: int
+
+    @classmethod
+    def in_blocks(cls, align: int, first: int, chunk: int, left: int, right: int) -> "Chunking":
+        return cls(align, first * align, chunk * align, left * align, right * align)
+
+    def next_window(self, done: int, received: int, closed: bool) -> Window | None:
+        """The window of the chunk after the first `done` tokens, given `received` tokens so far
+        (None: wait for more, or nothing is left)."""
+        if done >= received:
+            return None
+        if not self.first_chunk:
+            return Window(0, 0, received, received, True) if closed and received else None
+        size = self.first_chunk if done == 0 else self.chunk
+        end = done + size
+        if not closed and received < end + self.right:
+            return None
+        end = min(end, received)
+        last = closed and end >= received
+        return Window(max(0, done - self.left), done, end, min(received, end + self.right), last)
