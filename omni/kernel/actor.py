@@ -24,7 +24,8 @@ from omni.kernel.driver import Chunk, End, Open, StageDriver
 from omni.kernel.errors import PayloadTooLarge
 from omni.kernel.graph import OUT, EdgeSpec, Graph
 from omni.kernel.routing import inputs_expected, replica_of
-from omni.kernel.rundir import KERNEL, actor_name, endpoint, shm_owner
+from omni.cluster.addresses import across, bind_to, endpoint, learn, node
+from omni.kernel.rundir import KERNEL, actor_name, shm_owner
 from omni.kernel.stage import Emit
 from omni.lane_clock import LaneClock
 from omni.transport.arrays import is_array, rows_of, split_rows
@@ -37,9 +38,11 @@ HEARTBEAT_S = 0.5
 
 @dataclass
 class _Link:
-    """Producer-side state of one (edge, consumer replica): credits and slots not yet returned."""
+    """Producer-side state of one (edge, consumer replica): credits, its channel (by where the consumer
+    was placed) and the slots not yet returned."""
 
     credits: int
+    channel: str
     outstanding: list[int] = field(default_factory=list)
 
 
@@ -47,7 +50,7 @@ class Actor:
     def __init__(self, graph: Graph, stage: str, replica: int, run_dir: str, instance: str) -> None:
         self.graph, self.spec, self.replica = graph, graph.stage(stage), replica
         self.name = actor_name(stage, replica)
-        self.endpoint = endpoint(run_dir, self.name)
+        self.run_dir, self.endpoint = run_dir, bind_to(run_dir, self.name)
         self.outbox = Outbox(lambda peer: endpoint(run_dir, peer), self.name)
         self.driver = StageDriver(graph, stage, replica)
         self.out_edges = graph.outgoing(stage)
@@ -79,7 +82,7 @@ class Actor:
             return self.close()
         self.lanes.enter("emit")  # the loop's own work: sending outputs and credits
         self.mailbox.start()
-        self.outbox.send(KERNEL, m.ActorReady(self.spec.name, self.replica, os.getpid()))
+        self.outbox.send(KERNEL, m.ActorReady(self.spec.name, self.replica, os.getpid(), self.mailbox.address, node()))
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         self._main_task = asyncio.create_task(self._main_loop())
         try:
@@ -134,6 +137,7 @@ class Actor:
             case m.StatsQuery():
                 self.outbox.send(KERNEL, m.StatsReply(msg.token, self.spec.name, self.replica, self.stats()))
             case m.PeerUpdate():
+                learn(self.run_dir, actor_name(msg.stage, msg.replica), msg.address, msg.node)
                 self._reset_peer(actor_name(msg.stage, msg.replica))
             case m.ActorShutdown():
                 self.stop()
@@ -147,7 +151,8 @@ class Actor:
     def _link(self, edge_id: int, peer: str) -> _Link:
         if (edge_id, peer) not in self._links:
             edge = self.graph.edges[edge_id]
-            self._links[edge_id, peer] = _Link(1 << 30 if edge.dst == OUT else self.graph.stage(edge.dst).credits)
+            credits = 1 << 30 if edge.dst == OUT else self.graph.stage(edge.dst).credits
+            self._links[edge_id, peer] = _Link(credits, across(self.run_dir, peer, channel_of(self.graph, edge)))
         return self._links[edge_id, peer]
 
     def _on_credit(self, msg: m.EdgeCredit) -> None:
@@ -156,7 +161,7 @@ class Actor:
         for token in msg.tokens:
             if token in link.outstanding:
                 link.outstanding.remove(token)
-                self._free(msg.edge, token)
+                self._free(link, token)
         link.credits += 1
         self._credit_event.set()
 
@@ -164,13 +169,13 @@ class Actor:
         """A downstream replica restarted: forget what it held and talk to the new process."""
         self.outbox.reset(peer)
         for edge_id, link_peer in [key for key in self._links if key[1] == peer]:
-            for token in self._links.pop((edge_id, link_peer)).outstanding:
-                self._free(edge_id, token)
+            for token in (link := self._links.pop((edge_id, link_peer))).outstanding:
+                self._free(link, token)
         self._credit_event.set()
 
-    def _free(self, edge_id: int, token: int) -> None:
-        """Take back a payload slot of `edge_id` (its consumer credited it, or is gone)."""
-        self._writer(channel_of(self.graph, self.graph.edges[edge_id])).free(token)
+    def _free(self, link: _Link, token: int) -> None:
+        """Take back a payload slot of `link` (its consumer credited it, or is gone)."""
+        self._writer(link.channel).free(token)
 
     def _free_slots(self, payloads: list[m.PayloadDesc]) -> None:
         for desc in payloads:
@@ -205,8 +210,8 @@ class Actor:
                 if not is_array(value):
                     meta[key] = value
                     continue
-                desc, extra = await self._write_array(edge, key, value)
-                if desc.channel == "inline":
+                desc, extra = await self._write_array(edge, link.channel, key, value)
+                if extra:  # inline, network: the bytes ride beside the message
                     desc.frame = len(frames)
                     frames.extend(extra)
                 payloads.append(desc)
@@ -219,10 +224,9 @@ class Actor:
         link.credits -= 1
         link.outstanding.extend(t for t in map(self.readers.token, payloads) if t is not None)
 
-    async def _write_array(self, edge: EdgeSpec, key: str, value: Any) -> tuple[m.PayloadDesc, list[Any]]:
-        channel = channel_of(self.graph, edge)
+    async def _write_array(self, edge: EdgeSpec, channel: str, key: str, value: Any) -> tuple[m.PayloadDesc, list[Any]]:
         nbytes = getattr(value, "nbytes", 0)
-        if edge.channel == "auto" and channel == "shm" and nbytes <= INLINE_MAX_BYTES:
+        if edge.channel == "auto" and channel in ("shm", "network") and nbytes <= INLINE_MAX_BYTES:
             channel = "inline"
         while True:
             try:

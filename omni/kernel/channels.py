@@ -14,17 +14,18 @@ consumer's compute thread calls before it returns credits (GPU reads must finish
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from omni.kernel.graph import OUT, EdgeSpec, Graph
 from omni.kernel.messages import PayloadDesc, RequestChunk
+from omni.kernel.registry import resolve
 from omni.transport.arrays import is_array
 
 CHANNELS: dict[str, str] = {
     "inline": "omni.transport.inline:InlineChannel",
     "shm": "omni.transport.shm:ShmChannel",
     "cuda_ipc": "omni.transport.cuda_ipc:CudaIpcChannel",
+    "network": "omni.transport.network:NetworkChannel",  # across hosts (the actor picks it by placement)
 }
 
 # What a process that exited leaves in /dev/shm: the segments of every channel, named by their
@@ -39,20 +40,15 @@ class ChannelFull(Exception):
     """The producer's arena has no room now; retry after a credit frees slots."""
 
 
-def _load(target: str) -> Any:
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 def load_channel(name: str) -> Any:
     """Return the channel class registered under `name` (it has `writer(...)` and `reader()`)."""
     if name not in CHANNELS:
         raise ValueError(f"unknown payload channel {name!r}; known: {sorted(CHANNELS)}")
-    return _load(CHANNELS[name])
+    return resolve(CHANNELS[name])
 
 
 def channel_of(graph: Graph, edge: EdgeSpec) -> str:
-    """The channel an edge uses: forced by the graph, else chosen from placement."""
+    """The channel an edge uses between ends on one host: forced by the graph, else chosen from placement."""
     if edge.channel != "auto":
         return edge.channel
     if edge.dst == OUT:
@@ -71,7 +67,7 @@ def release_leftovers(graph: Graph, owner: str, pid: int = 0) -> None:
         calls += [(PROCESS_CLEANUP[c], pid) for c in {channel_of(graph, e) for e in graph.edges} & set(PROCESS_CLEANUP)]
     for target, arg in calls:
         try:
-            _load(target)(arg)
+            resolve(target)(arg)
         except Exception:
             pass
 
