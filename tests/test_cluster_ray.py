@@ -93,7 +93,8 @@ def test_split_across_two_nodes_equals_one_process_and_survives_losing_a_node(se
             assert nodes["talker.0"] == nodes["code2wav.0"] == node_b.node_id
             assert nodes["thinker.0"] != node_b.node_id
             same(await run(kernel, request()), want)
-            assert not shm_of(kernel.instance, "thinker") and not shm_of(kernel.instance, "talker")
+            assert not shm_of(kernel.instance, "thinker")  # its edge to the talker crossed nodes: network
+            assert shm_of(kernel.instance, "talker")  # talker -> code2wav, both on node b: shm
 
             stream = kernel.submit(request(10, 400))  # long enough to be in flight on node b
             first = await stream.__anext__()

@@ -8,9 +8,9 @@ exits, or the actor dies with its node, the returned `RayProcess` says so and th
 restarts the replica through `spawn` again, so it lands on a node that fits then.
 
 A stage's `resources` (graph spec) name what its replica takes, in Ray's terms: "CPU", "GPU",
-"memory" (bytes) and custom resources, all hard; "prefer:R" makes R a preference: the replica goes
-to a live node that has R when there is one (Ray's soft node affinity), else wherever the rest fits,
-so a replica whose preferred node was lost comes back elsewhere. Without "GPU" a replica on a CUDA
+"memory" (bytes) and custom resources, all hard; "prefer:R" makes R a preference: while a live node
+has R the replica takes a sliver of it (so it goes there), else it goes wherever the rest fits, so a
+replica whose preferred node was lost comes back elsewhere. Without "GPU" a replica on a CUDA
 device takes one GPU (Ray then sets its CUDA_VISIBLE_DEVICES, which `devices` index into); without
 "CPU" it takes none (stage processes mostly wait on each other; say what yours need).
 
@@ -37,6 +37,7 @@ log = logging.getLogger("omni.cluster")
 
 STANDARD = ("CPU", "GPU", "memory")
 PREFER = "prefer:"
+PREFER_SHARE = 1e-3
 CONNECT_TIMEOUT_S = 5.0
 
 
@@ -88,10 +89,8 @@ def ray_options(spec: Any, live_nodes: list[dict[str, Any]]) -> dict[str, Any]:
     if "memory" in resources:
         options["memory"] = resources["memory"]
     fits = [n for n in live_nodes if all(n["Resources"].get(k, 0) >= v for k, v in prefer.items())]
-    if prefer and fits:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(fits[0]["NodeID"], soft=True)
+    if prefer and fits:  # a sliver of each, so any number of replicas fit where they are preferred
+        options["resources"].update({k: PREFER_SHARE for k in prefer})
     elif prefer:
         log.warning("stage %s: no live node has %s; placed by its other resources", spec.name, sorted(prefer))
     return options
