@@ -123,3 +123,14 @@ def test_split_across_two_nodes_equals_one_process_and_survives_losing_a_node(se
 
     failed_s = loop.run(main(), timeout=240)
     print(f"in-flight request failed {failed_s:.2f} s after the node was removed")
+
+
+def test_an_unreachable_or_malformed_cluster_address_is_a_clear_error_at_once():
+    from omni.cluster.ray_host import parse_cluster
+
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match="cannot reach the Ray cluster at 127.0.0.1:1"):
+        RayHost(parse_cluster("ray:127.0.0.1:1"))
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(ValueError, match="--cluster takes"):
+        parse_cluster("redis://x")
