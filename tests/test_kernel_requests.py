@@ -10,9 +10,9 @@ import pytest
 import zmq
 
 from kernel_helpers import graph, probe_graph, run_one, shm_segments, summarize
+from omni.cluster.addresses import endpoint
 from omni.kernel.errors import DeadlineExceeded, InvalidRequest, Overloaded, RequestCancelled
 from omni.kernel.kernel import Kernel
-from omni.kernel.rundir import endpoint
 
 PROMPTS = ["hello there", "a much longer prompt " * 12, "x", "omni streams audio while the thinker talks"]
 

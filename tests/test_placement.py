@@ -137,7 +137,7 @@ def test_a_stage_process_gets_them_even_from_a_bare_parent(monkeypatch):
     popen = mock.MagicMock()
 
     async def launch():
-        with mock.patch("omni.kernel.supervisor.subprocess.Popen", popen):
+        with mock.patch("omni.cluster.local.subprocess.Popen", popen):
             supervisor._launch(ActorHandle("thinker", 0))
 
     asyncio.run(launch())

@@ -118,6 +118,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write-timeout", type=float, default=60.0,
                         help="seconds a client of a streamed answer may go without reading")
     parser.add_argument("--max-concurrent", type=int, default=64, help="requests admitted at once (429 beyond)")
+    parser.add_argument("--cluster", default=None, metavar="ray[://HOST:PORT]",
+                        help="place the stages on a Ray cluster: ray (a local one, or $RAY_ADDRESS), "
+                             "ray://HOST:PORT (Ray Client) or ray:HOST:PORT (its GCS address)")
     parser.add_argument("--mode", choices=("process", "inline"), default="process",
                         help="stages as processes (the default) or in this process")
     parser.add_argument("--served-model-name", nargs="+", default=[], metavar="NAME",
@@ -373,7 +376,16 @@ async def _serve_graph(args: argparse.Namespace, graph, info, stages: list[str],
     from omni.kernel.errors import StageStartError
     from omni.kernel.kernel import Kernel
 
-    kernel = Kernel(graph, mode=args.mode, max_inflight=args.max_concurrent)
+    host = None
+    if args.cluster:
+        from omni.cluster.ray_host import RayHost, parse_cluster
+
+        try:
+            host = RayHost(parse_cluster(args.cluster))
+        except (ValueError, ConnectionError, RuntimeError) as exc:
+            raise CliError(f"--cluster {args.cluster}: {exc}") from None
+        _say(f"omnid: stages on the Ray cluster {args.cluster} (bus on {host.bus_host})")
+    kernel = Kernel(graph, mode=args.mode, max_inflight=args.max_concurrent, host=host)
     _say(f"omnid: starting {len(stages)} stage(s) ({args.mode} mode) ...")
     try:
         await kernel.start()

@@ -23,10 +23,11 @@ from omni.kernel.driver import Chunk, End, Open, StageDriver
 from omni.kernel.errors import PayloadTooLarge
 from omni.kernel.graph import OUT, EdgeSpec, Graph
 from omni.kernel.routing import inputs_expected, replica_of
-from omni.kernel.rundir import KERNEL, actor_name, endpoint, shm_owner
+from omni.cluster.addresses import across, bind_to, endpoint, learn, node
+from omni.kernel.rundir import KERNEL, actor_name, shm_owner
 from omni.kernel.stage import Emit
 from omni.lane_clock import LaneClock
-from omni.transport.channels import ChannelFull, Readers, Writers
+from omni.transport.channels import ChannelFull, Readers, Writers, channel_of
 from omni.transport.arrays import is_array, rows_of, split_rows
 
 log = logging.getLogger("omni.actor")
@@ -36,9 +37,11 @@ HEARTBEAT_S = 0.5
 
 @dataclass
 class _Link:
-    """Producer-side state of one (edge, consumer replica): credits and slots not yet returned."""
+    """Producer-side state of one (edge, consumer replica): credits, its channel (by where the consumer
+    was placed) and the slots not yet returned."""
 
     credits: int
+    channel: str
     outstanding: list[int] = field(default_factory=list)
 
 
@@ -46,7 +49,7 @@ class Actor:
     def __init__(self, graph: Graph, stage: str, replica: int, run_dir: str, instance: str) -> None:
         self.graph, self.spec, self.replica = graph, graph.stage(stage), replica
         self.name = actor_name(stage, replica)
-        self.endpoint = endpoint(run_dir, self.name)
+        self.run_dir, self.endpoint = run_dir, bind_to(run_dir, self.name)
         self.outbox = Outbox(lambda peer: endpoint(run_dir, peer), self.name)
         self.driver = StageDriver(graph, stage, replica)
         self.out_edges = graph.outgoing(stage)
@@ -77,7 +80,7 @@ class Actor:
             return self.close()
         self.lanes.enter("emit")  # the loop's own work: sending outputs and credits
         self.mailbox.start()
-        self.outbox.send(KERNEL, m.ActorReady(self.spec.name, self.replica, os.getpid()))
+        self.outbox.send(KERNEL, m.ActorReady(self.spec.name, self.replica, os.getpid(), self.mailbox.address, node()))
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         self._main_task = asyncio.create_task(self._main_loop())
         try:
@@ -132,6 +135,7 @@ class Actor:
             case m.StatsQuery():
                 self.outbox.send(KERNEL, m.StatsReply(msg.token, self.spec.name, self.replica, self.stats()))
             case m.PeerUpdate():
+                learn(self.run_dir, actor_name(msg.stage, msg.replica), msg.address, msg.node)
                 self._reset_peer(actor_name(msg.stage, msg.replica))
             case m.ActorShutdown():
                 self.stop()
@@ -151,7 +155,8 @@ class Actor:
     def _link(self, edge_id: int, peer: str) -> _Link:
         if (edge_id, peer) not in self._links:
             edge = self.graph.edges[edge_id]
-            self._links[edge_id, peer] = _Link(1 << 30 if edge.dst == OUT else self.graph.stage(edge.dst).credits)
+            credits = 1 << 30 if edge.dst == OUT else self.graph.stage(edge.dst).credits
+            self._links[edge_id, peer] = _Link(credits, across(self.run_dir, peer, channel_of(self.graph, edge)))
         return self._links[edge_id, peer]
 
     def _on_credit(self, msg: m.EdgeCredit) -> None:
@@ -160,7 +165,7 @@ class Actor:
         for token in msg.tokens:
             if token in link.outstanding:
                 link.outstanding.remove(token)
-                self.writers.free_on(msg.edge, token)
+                self.writers.free(link.channel, token)
         link.credits += 1
         self._credit_event.set()
 
@@ -168,8 +173,8 @@ class Actor:
         """A downstream replica restarted: forget what it held and talk to the new process."""
         self.outbox.reset(peer)
         for edge_id, link_peer in [key for key in self._links if key[1] == peer]:
-            for token in self._links.pop((edge_id, link_peer)).outstanding:
-                self.writers.free_on(edge_id, token)
+            for token in (link := self._links.pop((edge_id, link_peer))).outstanding:
+                self.writers.free(link.channel, token)
         self._credit_event.set()
 
     def _free_slots(self, payloads: list[m.PayloadDesc]) -> None:
@@ -200,8 +205,8 @@ class Actor:
                 if not is_array(value):
                     meta[key] = value
                     continue
-                desc, extra = await self._write_array(edge, key, value)
-                if desc.channel == "inline":
+                desc, extra = await self._write_array(edge, link.channel, key, value)
+                if extra:  # inline, network: the bytes ride beside the message
                     desc.frame = len(frames)
                     frames.extend(extra)
                 payloads.append(desc)
@@ -214,10 +219,10 @@ class Actor:
         link.credits -= 1
         link.outstanding.extend(t for t in map(self.readers.token, payloads) if t is not None)
 
-    async def _write_array(self, edge: EdgeSpec, key: str, value: Any) -> tuple[m.PayloadDesc, list[Any]]:
+    async def _write_array(self, edge: EdgeSpec, channel: str, key: str, value: Any) -> tuple[m.PayloadDesc, list[Any]]:
         while True:
             try:
-                return self.writers.write(edge, key, value)
+                return self.writers.write(edge, channel, key, value)
             except PayloadTooLarge as exc:
                 raise PayloadTooLarge(f"stage {self.spec.name} cannot send {key!r} ({getattr(value, 'nbytes', 0)} "
                                       f"bytes) on {edge}: {exc}") from None

@@ -32,6 +32,7 @@ class Mailbox:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.bind(address)
+        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)  # tcp://host:* -> the port it got
         self._handler = handler
         self._loop: asyncio.AbstractEventLoop | None = None
 

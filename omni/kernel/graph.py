@@ -38,6 +38,7 @@ class StageSpec:
     restart_window_s: float = 60.0
     restart_cooldown_s: float = 30.0
     media: bool = False  # its RequestOpen keeps the request's media (`Graph.media` keys); the entry's always does
+    resources: dict[str, float] = field(default_factory=dict)  # on a cluster (omni/cluster/ray_host.py): CPU, GPU...
 
     def device_of(self, replica: int) -> str:
         """Where replica `replica` runs: its entry of `devices`, else `device`."""
@@ -56,7 +57,7 @@ class EdgeSpec:
     dst: str
     dst_port: str = ""
     mode: str = "stream"  # "stream" | "final"
-    channel: str = "auto"  # "auto" | "inline" | "shm" | "cuda_ipc"
+    channel: str = "auto"  # "auto" | "inline" | "shm" | "cuda_ipc" | "network"
 
     def __post_init__(self) -> None:
         self.dst_port = self.dst_port or self.port

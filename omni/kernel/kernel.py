@@ -6,6 +6,7 @@ cancels. Its supervisor (`supervisor.py`) starts, watches and restarts the actor
 dies, the kernel fails the requests it held.
 
     kernel = Kernel(graph, mode="process")      # or "inline": same actors as asyncio tasks
+    kernel = Kernel(graph, host=RayHost("ray://head:10001"))  # stages on a Ray cluster (omni/cluster)
     await kernel.start()
     async for event in kernel.submit({"prompt": "hi"}):
         ...
@@ -30,7 +31,8 @@ from omni.kernel.errors import (DeadlineExceeded, GraphError, KernelClosed, Omni
 from omni.kernel.graph import Graph
 from omni.kernel.requests import InflightRequest, OutputEvent, RequestStream
 from omni.kernel.routing import Router, replica_of
-from omni.kernel.rundir import KERNEL, actor_name, endpoint, make_run_dir, new_instance_id, shm_owner
+from omni.cluster.addresses import bind_to, endpoint
+from omni.kernel.rundir import KERNEL, actor_name, make_run_dir, new_instance_id, shm_owner
 from omni.kernel.supervisor import ActorHandle, ActorState, Supervisor
 from omni.sampling import split_sampling
 from omni.transport.channels import Readers, release_leftovers
@@ -42,11 +44,11 @@ ENTRY_EDGE = -1  # the client's edge into the entry stage
 
 class Kernel:
     def __init__(self, graph: Graph, mode: str = "process", max_inflight: int = 64, heartbeat_timeout_s: float = 30.0,
-                 log_level: str = "WARNING", env: dict[str, str] | None = None) -> None:
+                 log_level: str = "WARNING", env: dict[str, str] | None = None, host: Any = None) -> None:
         graph.validate()
         self.graph, self.max_inflight, self.instance, self.run_dir = graph, max_inflight, new_instance_id(), ""
         self.supervisor = Supervisor(graph, mode, self.instance, self._on_replica_death, heartbeat_timeout_s,
-                                     log_level, env or {})
+                                     log_level, env or {}, host)
         self._inflight: dict[str, InflightRequest] = {}
         self._readers = Readers()
         self._queries: dict[int, dict[str, Any]] = {}
@@ -59,11 +61,13 @@ class Kernel:
 
     async def start(self) -> None:
         self.run_dir = str(make_run_dir(self.instance))
-        self.mailbox = Mailbox(endpoint(self.run_dir, KERNEL), self._dispatch, KERNEL)
+        self.mailbox = Mailbox(bind_to(self.run_dir, KERNEL, self.supervisor.host.bus_host), self._dispatch, KERNEL)
+        self.supervisor.env = {**self.supervisor.env, "OMNI_KERNEL_BUS": self.mailbox.address}  # actors report here
         self.outbox = Outbox(lambda peer: endpoint(self.run_dir, peer), KERNEL)
         self.mailbox.start()
         try:
             await self.supervisor.start(self.run_dir, self.outbox)
+            await self._query(5.0)  # every mailbox answered, so each has what the kernel told it first
         except StageStartError:
             await self.stop()
             raise

@@ -85,10 +85,12 @@ class EdgeCredit(Msg, gc=False):
 
 
 class ActorReady(Msg):
-    """A replica is set up and serving."""
+    """A replica is set up and serving; across hosts its mailbox's TCP address and its node."""
     stage: str
     replica: int
     pid: int
+    address: str = ""
+    node: str = ""
 
 
 class ActorFailed(Msg):
@@ -117,9 +119,11 @@ class StatsReply(Msg):
 
 
 class PeerUpdate(Msg):
-    """A downstream replica restarted: forget what it held and reconnect to it."""
+    """A replica (re)started: forget what it held and reconnect to it (at `address`, on `node`, across hosts)."""
     stage: str
     replica: int
+    address: str = ""
+    node: str = ""
 
 
 class ActorShutdown(Msg):

@@ -1,6 +1,7 @@
 """Entry point of a stage process (`python -m omni.kernel.proc`, config as JSON on stdin).
 
-A fresh interpreter per replica (spawn semantics): uvloop, one Actor, clean exit on any end.
+A fresh interpreter per replica (spawn semantics): uvloop, one Actor, clean exit on any end. Its
+host starts it: on this machine (omni/cluster/local.py) or on a Ray node (omni/cluster/ray_host.py).
 
 The process watches its parent: if the kernel dies (even by SIGKILL) the actor shuts down,
 which unlinks its shm arena and socket, so a crash of the parent leaves nothing behind.

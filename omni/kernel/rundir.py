@@ -1,6 +1,7 @@
 """Per-instance names on the host: the run directory for sockets and the shm segment prefix.
 
 Every kernel instance gets a short random id; all its socket files live in one run directory
+(their addresses: omni/cluster/addresses.py)
 and all its shared-memory segments start with `omni-<id>-`, so cleanup after a crash is a
 prefix match, and two kernels on one host never collide.
 """
@@ -24,10 +25,6 @@ def make_run_dir(instance: str) -> Path:
     path = env.run_root() / f"omni-{instance}"
     path.mkdir(mode=0o700, parents=True, exist_ok=False)
     return path
-
-
-def endpoint(run_dir: str | Path, name: str) -> str:
-    return f"ipc://{run_dir}/{name}.sock"
 
 
 def remove_socket(run_dir: str | Path, name: str) -> None:

@@ -1,9 +1,9 @@
 """Starting, watching and restarting stage actors: one_for_one with a restart budget, as in OTP.
 
-A replica runs as a spawned process or, in library mode ("inline"), as an asyncio task in the
-kernel's loop; both report through the same messages (ActorReady or ActorFailed, then heartbeats).
-Death is seen by the exit status or the task's end, a stalled mailbox by missing heartbeats. The
-supervisor tells the kernel (which fails the requests that replica held), frees what the replica
+A replica runs as a process its host spawns (here, or on a Ray node: omni/cluster) or, in library
+mode ("inline"), as an asyncio task in the kernel's loop; both report through the same messages
+(ActorReady or ActorFailed, then heartbeats). Death is seen by the exit status or the task's end,
+a stalled mailbox by missing heartbeats. The supervisor tells the kernel (which fails the requests that replica held), frees what the replica
 owned and restarts it after a backoff; past `max_restarts` within `restart_window_s` the replica is
 down and rests `restart_cooldown_s` before it is tried afresh.
 """
@@ -11,17 +11,16 @@ down and rests `restart_cooldown_s` before it is tried afresh.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from omni.cluster.addresses import learn, peers
+from omni.cluster.local import LocalHost
 from omni.gpu_env import keep_multicast_off
 from omni.kernel import messages as m
 from omni.kernel.bus import Outbox
@@ -56,7 +55,7 @@ class ActorHandle:
     stage: str
     replica: int
     state: ActorState = ActorState.STARTING
-    process: subprocess.Popen | None = None
+    process: Any = None  # its host's handle (omni/cluster/local.py: LocalProcess)
     task: asyncio.Task | None = None
     actor: Any = None  # library mode: the Actor object
     ready: asyncio.Future | None = None
@@ -82,8 +81,7 @@ class ActorHandle:
 
     def exit_reason(self) -> str:
         if self.process is not None:
-            code = self.process.poll()
-            return f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+            return self.process.reason()
         if self.task is not None and self.task.done() and not self.task.cancelled():
             exc = self.task.exception()
             return f"task ended: {exc!r}" if exc else "task ended"
@@ -91,7 +89,7 @@ class ActorHandle:
 
     def kill(self) -> None:
         """As a crash would: SIGKILL, or cancelling the task inline."""
-        if self.process is not None and self.process.poll() is None:
+        if self.process is not None:
             self.process.kill()
         if self.task is not None:
             self.task.cancel()
@@ -102,10 +100,11 @@ class Supervisor:
     held and returns their ids, which the restarted replica is told to drop."""
 
     def __init__(self, graph: Graph, mode: str, instance: str, on_death: Callable[[ActorHandle, str], list[str]],
-                 heartbeat_timeout_s: float, log_level: str, env: dict[str, str]) -> None:
+                 heartbeat_timeout_s: float, log_level: str, env: dict[str, str], host: Any = None) -> None:
         if mode not in ("process", "inline"):
             raise ValueError(f"mode must be 'process' or 'inline', not {mode!r}")
         self.graph, self.mode, self.instance, self._on_death = graph, mode, instance, on_death
+        self.host = host or LocalHost()
         self.heartbeat_timeout_s, self.log_level, self.env = heartbeat_timeout_s, log_level, env
         self.handles = {h.name: h for h in (ActorHandle(s.name, r) for s in graph.stages for r in range(s.replicas))}
         self.restarts_total: dict[str, int] = {s.name: 0 for s in graph.stages}
@@ -128,6 +127,9 @@ class Supervisor:
         elif handle.ready is not None and not handle.ready.done():
             if isinstance(msg, m.ActorReady):
                 handle.pid = msg.pid
+                learn(self.run_dir, handle.name, msg.address, msg.node)
+                self.outbox.reset(handle.name)  # a restarted replica may listen elsewhere now
+                self._announce(handle)
                 handle.ready.set_result(True)
             else:
                 handle.ready.set_exception(StageStartError(f"stage {handle.name} failed to start: {msg.error}"))
@@ -164,13 +166,8 @@ class Supervisor:
                       "run_dir": self.run_dir, "instance": self.instance, "parent_pid": os.getpid(),
                       "log_level": self.log_level, "env": self.env,
                       "stage_kinds": STAGES.entries_for([s.kind for s in self.graph.stages])}
-            # A fresh interpreter (spawn semantics, never fork): CUDA-safe, and the caller's
-            # __main__ is never re-imported, so scripts and notebooks need no main guard.
-            proc = subprocess.Popen([sys.executable, "-m", "omni.kernel.proc"], stdin=subprocess.PIPE, close_fds=True,
-                                    env=keep_multicast_off(dict(os.environ)))
-            proc.stdin.write(json.dumps(config).encode())
-            proc.stdin.close()
-            handle.process, handle.pid = proc, proc.pid
+            handle.process = self.host.spawn(config, self.graph.stage(handle.stage))
+            handle.pid = handle.process.pid
         else:
             from omni.kernel.actor import Actor
 
@@ -178,6 +175,15 @@ class Supervisor:
             handle.actor = Actor(self.graph, handle.stage, handle.replica, self.run_dir, self.instance)
             handle.task = asyncio.create_task(handle.actor.run(), name=f"omni-{handle.name}")
             handle.pid = os.getpid()
+
+    def _announce(self, handle: ActorHandle) -> None:
+        """Tell every other replica that `handle` (re)started and where it listens; across hosts, tell it
+        where the others listen (its ActorReady is the first the kernel heard of its address)."""
+        address, node = (book := peers(self.run_dir)).get(handle.name, ("", ""))
+        for other in (h for h in self.handles.values() if h is not handle):
+            self.outbox.send(other.name, m.PeerUpdate(handle.stage, handle.replica, address, node))
+            if other.name in book:
+                self.outbox.send(handle.name, m.PeerUpdate(other.stage, other.replica, *book[other.name]))
 
     async def _await_ready(self, handle: ActorHandle) -> None:
         timeout_s = self.graph.stage(handle.stage).start_timeout_s
@@ -198,16 +204,8 @@ class Supervisor:
 
     async def _stop(self, handle: ActorHandle, timeout_s: float) -> None:
         handle.state = ActorState.STOPPED
-        if (proc := handle.process) is not None:
-            deadline = time.monotonic() + timeout_s
-            while proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
-            if proc.poll() is None:
-                proc.terminate()
-                await asyncio.sleep(0.2)
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=2.0)
+        if handle.process is not None:
+            await handle.process.stop(timeout_s)
         elif handle.task is not None:
             handle.actor.stop()
             try:
@@ -268,8 +266,6 @@ class Supervisor:
             handle.counts.restart_failures_total += 1
             log.error("restart failed: %s", exc)
             return await self._died(handle, str(exc))
-        for name in self.handles.keys() - {handle.name}:
-            self.outbox.send(name, m.PeerUpdate(handle.stage, handle.replica))
         for rid in victims:
             self.outbox.send(handle.name, m.RequestCancel(rid))
         log.warning("stage %s restarted", handle.name)

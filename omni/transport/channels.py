@@ -12,17 +12,18 @@ consumer's compute thread calls before it returns credits (GPU reads must finish
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from omni.kernel.graph import OUT, EdgeSpec, Graph
 from omni.kernel.messages import PayloadDesc, RequestChunk
+from omni.kernel.registry import resolve
 
 INLINE_MAX_BYTES = 16 << 10  # smaller arrays ride as zmq frames whatever an "auto" edge's channel
 CHANNELS: dict[str, str] = {
     "inline": "omni.transport.inline:InlineChannel",
     "shm": "omni.transport.shm:ShmChannel",
     "cuda_ipc": "omni.transport.cuda_ipc:CudaIpcChannel",
+    "network": "omni.transport.network:NetworkChannel",  # across hosts (the actor picks it by placement)
 }
 
 # What a process that exited leaves in /dev/shm: the segments of every channel, named by their
@@ -37,20 +38,15 @@ class ChannelFull(Exception):
     """The producer's arena has no room now; retry after a credit frees slots."""
 
 
-def _load(target: str) -> Any:
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 def load_channel(name: str) -> Any:
     """Return the channel class registered under `name` (it has `writer(...)` and `reader()`)."""
     if name not in CHANNELS:
         raise ValueError(f"unknown payload channel {name!r}; known: {sorted(CHANNELS)}")
-    return _load(CHANNELS[name])
+    return resolve(CHANNELS[name])
 
 
 def channel_of(graph: Graph, edge: EdgeSpec) -> str:
-    """The channel an edge uses: forced by the graph, else chosen from placement."""
+    """The channel an edge uses between ends on one host: forced by the graph, else chosen from placement."""
     if edge.channel != "auto":
         return edge.channel
     if edge.dst == OUT:
@@ -69,7 +65,7 @@ def release_leftovers(graph: Graph, owner: str, pid: int = 0) -> None:
         calls += [(PROCESS_CLEANUP[c], pid) for c in {channel_of(graph, e) for e in graph.edges} & set(PROCESS_CLEANUP)]
     for target, arg in calls:
         try:
-            _load(target)(arg)
+            resolve(target)(arg)
         except Exception:
             pass
 
@@ -118,17 +114,17 @@ class Writers:
             self._open[channel] = load_channel(channel).writer(self.owner, self.arena_bytes)
         return self._open[channel]
 
-    def write(self, edge: EdgeSpec, key: str, value: Any) -> tuple[PayloadDesc, list[Any]]:
-        """One array on `edge`'s channel (a small one inline on an "auto" shm edge); raises
-        ChannelFull when the arena has no room now, PayloadTooLarge when it never will."""
-        channel = channel_of(self.graph, edge)
-        if edge.channel == "auto" and channel == "shm" and getattr(value, "nbytes", 0) <= INLINE_MAX_BYTES:
+    def write(self, edge: EdgeSpec, channel: str, key: str, value: Any) -> tuple[PayloadDesc, list[Any]]:
+        """One array on `channel` (the link's: by where the consumer was placed; a small one inline
+        on an "auto" shm or network edge); raises ChannelFull when the arena has no room now,
+        PayloadTooLarge when it never will."""
+        if edge.channel == "auto" and channel in ("shm", "network") and getattr(value, "nbytes", 0) <= INLINE_MAX_BYTES:
             channel = "inline"
         return self.get(channel).write(key, value)
 
-    def free_on(self, edge_id: int, token: int) -> None:
-        """Take back a payload slot of edge `edge_id` (its consumer credited it, or is gone)."""
-        self.get(channel_of(self.graph, self.graph.edges[edge_id])).free(token)
+    def free(self, channel: str, token: int) -> None:
+        """Take back a payload slot of `channel` (its consumer credited it, or is gone)."""
+        self.get(channel).free(token)
 
     def close(self) -> None:
         for writer in self._open.values():
