@@ -10,6 +10,9 @@ variables: see omni/stages/args.py).
   kernel table there (omni/stages/step_profiler.py); OMNI_PROFILE_STAGES (comma-separated stage
   names, default all), OMNI_PROFILE_SKIP (steps before each window, comma-separated, default 300), OMNI_PROFILE_STEPS (steps
   profiled, default 40);
+- OMNI_BUS_HOST, OMNI_NODE, OMNI_KERNEL_BUS: set by omni in stage processes placed across hosts (the IP
+  their mailbox binds, the node they run on, the kernel's TCP address: omni/cluster/addresses.py);
+- OMNI_NETWORK_TRANSPORT: the network channel's wire, zmq (default; nixl / mooncake are refused for now);
 - TRITON_INTERPRET=1 (triton's own): its kernels run on the CPU interpreter (tests).
 """
 
