@@ -50,16 +50,12 @@ class Solver(Protocol):
 
 
 @dataclass
-class RK4:
-    """The reference's fourth-order Runge-Kutta (the 3/8 rule), four evaluations per interval:
-    k1 at (t0, y), k2 at t0 + h/3, k3 at t0 + 2h/3, k4 at t1; y += (k1 + 3 (k2 + k3) + k4) h / 8."""
+class _Grid:
+    """A solver's state on its time grid: the current value and the interval it is in."""
 
     x: Any
     times: Any
     interval: int = 0
-    ks: list = field(default_factory=list)
-
-    STAGES = 4
 
     @property
     def done(self) -> bool:
@@ -68,6 +64,20 @@ class RK4:
     @property
     def value(self) -> Any:
         return self.x
+
+    def span(self) -> Any:
+        """The current interval's length h."""
+        return self.times[self.interval + 1] - self.times[self.interval]
+
+
+@dataclass
+class RK4(_Grid):
+    """The reference's fourth-order Runge-Kutta (the 3/8 rule), four evaluations per interval:
+    k1 at (t0, y), k2 at t0 + h/3, k3 at t0 + 2h/3, k4 at t1; y += (k1 + 3 (k2 + k3) + k4) h / 8."""
+
+    ks: list = field(default_factory=list)
+
+    STAGES = 4
 
     @property
     def evals_left(self) -> int:
@@ -89,26 +99,13 @@ class RK4:
         if len(self.ks) < self.STAGES:
             return
         k1, k2, k3, k4 = self.ks
-        h = self.times[self.interval + 1] - self.times[self.interval]
-        self.x = self.x + (k1 + 3 * (k2 + k3) + k4) * h / 8
+        self.x = self.x + (k1 + 3 * (k2 + k3) + k4) * self.span() / 8
         self.ks, self.interval = [], self.interval + 1
 
 
 @dataclass
-class Euler:
+class Euler(_Grid):
     """First order, one evaluation per interval: y += h v(t0, y)."""
-
-    x: Any
-    times: Any
-    interval: int = 0
-
-    @property
-    def done(self) -> bool:
-        return self.interval >= len(self.times) - 1
-
-    @property
-    def value(self) -> Any:
-        return self.x
 
     @property
     def evals_left(self) -> int:
@@ -118,8 +115,7 @@ class Euler:
         return self.times[self.interval], self.x
 
     def advance(self, v: Any) -> None:
-        h = self.times[self.interval + 1] - self.times[self.interval]
-        self.x = self.x + h * v
+        self.x = self.x + self.span() * v
         self.interval += 1
 
 
