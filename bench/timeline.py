@@ -123,7 +123,8 @@ def load_summary(rows: list[dict], wall: float, c: int) -> dict[str, Any]:
             "errors": sorted({str(r.get("error"))[:120] for r in rows if not r.get("ok")})[:3]}
 
 
-def run_levels(args, model: str) -> list[dict]:
+def run_levels(args, model: str, on_level=lambda levels: None) -> list[dict]:
+    """Every level in turn; `on_level` gets the levels so far after each (the report survives a kill)."""
     if args.warmup:
         say(f"warm-up: {args.warmup} request(s)")
         level_rows(args, model, 1, args.warmup, 10**6)
@@ -142,6 +143,7 @@ def run_levels(args, model: str) -> list[dict]:
         levels.append(level)
         say(f"  ok {level['ok']}/{n} in {wall:.2f}s, audio {level['audio_s_per_s']} s/s; busiest {busiest} "
             f"({stages[busiest]['busy_pct'] if busiest else None}% busy)")
+        on_level(levels)
     return levels
 
 
@@ -228,16 +230,21 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     proc = start_omnid(args, out) if args.url is None else None
+    report: dict[str, Any] = {}
+
+    def write(levels: list[dict]) -> None:
+        report.update({"when": now_iso(), "machine": machine(), "argv": sys.argv if argv is None else argv,
+                       "family": args.family, "model": model, "start_s": getattr(args, "start_took_s", None),
+                       "levels": levels})
+        (out / f"timeline-{args.label}.json").write_text(json.dumps(report, indent=2) + "\n")
+        (out / f"timeline-{args.label}.md").write_text(markdown(report))
+
     try:
         model = asyncio.run(chat.detect_model(args.url, None))
-        levels = run_levels(args, model)
+        write(run_levels(args, model, write))
     finally:
         if proc is not None:
             say(f"omnid: {kill_group(proc, 20)}")
-    report = {"when": now_iso(), "machine": machine(), "argv": sys.argv if argv is None else argv,
-              "family": args.family, "model": model, "start_s": getattr(args, "start_took_s", None), "levels": levels}
-    (out / f"timeline-{args.label}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / f"timeline-{args.label}.md").write_text(markdown(report))
     print(markdown(report))
     return report
 
