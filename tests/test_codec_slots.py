@@ -62,6 +62,19 @@ def test_a_reused_slot_starts_fresh_and_dropped_streams_give_theirs_back(model):
     assert model._slots().in_use == in_use  # streams dropped without release gave their rows back
 
 
+def test_a_cast_after_decoding_remakes_the_slots_in_the_new_dtype(tmp_path):
+    """A decoder that decoded once (its random init's calibration does) and is then cast decodes in
+    the new dtype: its slots are made again to match, not left in the old one."""
+    m = Code2Wav.from_checkpoint(make_tiny(tmp_path / "cast", seed=2, preset="tiny-b"))
+    m.decode(_codes(m, 1, 3, seed=5), [m.new_stream()])
+    m.double()
+    stream = m.new_stream()
+    wav = m.decode(_codes(m, 1, 3, seed=6), [stream])[0]
+    assert all(t.dtype == torch.float64 for t in m._slots().tensors.values())
+    assert torch.isfinite(torch.as_tensor(wav)).all()
+    m.release(stream)
+
+
 def test_the_slots_grow_without_touching_live_streams(model):
     slots = model._slots()
     codes = _codes(model, 1, 10, seed=5)

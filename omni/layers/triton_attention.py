@@ -109,16 +109,25 @@ def paged_decode_attention(kv_cache: torch.Tensor, layer: int, q: torch.Tensor, 
     return out
 
 
+def _unusable_because(kv_cache: torch.Tensor) -> str | None:
+    """Why `paged_decode_attention` cannot run on this cache, or None."""
+    if triton is None:
+        return "triton is not installed"
+    if not (kv_cache.is_cuda or env.triton_interpret()):
+        return "the KV cache is not on a CUDA device"
+    if kv_cache.shape[3] < 16 or kv_cache.shape[3] & (kv_cache.shape[3] - 1):
+        return f"block_size {kv_cache.shape[3]} is not a power of two >= 16"
+    return None
+
+
+def triton_decode_usable(kv_cache: torch.Tensor) -> bool:
+    """The kernel runs on this CUDA cache: what `attention_backend="auto"` asks (never the interpreter)."""
+    return kv_cache.is_cuda and _unusable_because(kv_cache) is None
+
+
 def triton_decode_kernel(kv_cache: torch.Tensor):
     """`paged_decode_attention` when it can run on this cache, else None (with a warning)."""
-    interpret = env.triton_interpret()
-    why = None
-    if triton is None:
-        why = "triton is not installed"
-    elif not (kv_cache.is_cuda or interpret):
-        why = "the KV cache is not on a CUDA device"
-    elif kv_cache.shape[3] < 16 or kv_cache.shape[3] & (kv_cache.shape[3] - 1):
-        why = f"block_size {kv_cache.shape[3]} is not a power of two >= 16"
+    why = _unusable_because(kv_cache)
     if why:
         log.warning("attention_backend='triton' unavailable (%s): using torch attention", why)
         return None

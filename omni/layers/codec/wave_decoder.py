@@ -100,6 +100,14 @@ class StreamingWaveDecoder(nn.Module):
         for name, m in self._stateful:
             m.key = name
 
+    def _apply(self, fn, recurse: bool = True):
+        """`.to()`, `.cuda()`, `.half()` drop the stream slots and graphs: they are made again at the
+        next use, in the weights' new dtype and device (a random init that decoded before its cast
+        had left float32 slots beside bfloat16 weights)."""
+        self._stream_slots = None
+        self._graphs = None
+        return super()._apply(fn, recurse)
+
     def build_embedding(self) -> None:
         raise NotImplementedError
 

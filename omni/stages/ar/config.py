@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from omni.kernel.errors import InvalidRequest
 
 
-ATTENTION_BACKENDS = ("torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
 
 class EngineConfigError(InvalidRequest):
@@ -40,7 +40,7 @@ class EngineConfig:
     eos_token_ids: tuple[int, ...] = ()
     cuda_graphs: bool | None = None  # replay decode steps from CUDA graphs (models with supports_cuda_graphs); None: on CUDA
     cuda_graph_max_batch: int = 0  # largest captured decode batch; 0 = max_num_seqs
-    attention_backend: str = "torch"  # "triton": paged decode kernel on CUDA (prefill stays torch)
+    attention_backend: str = "auto"  # "triton": paged decode kernel (prefill stays torch); "auto": triton on CUDA
     tensor_parallel_size: int = 1  # ranks one replica's model is split over (tensor_parallel.py; SGLang's tp_size)
 
     @property

@@ -32,11 +32,15 @@ log = logging.getLogger("omni.ar.engine")
 
 
 def decode_kernel(config: EngineConfig, kv_cache: torch.Tensor):
-    """The paged decode-attention kernel the config asks for, or None (torch SDPA)."""
-    if config.attention_backend != "triton":
+    """The paged decode-attention kernel the config asks for, or None (torch SDPA). "auto" takes the
+    kernel where it runs (a CUDA cache and triton), quietly; "triton" warns where it cannot."""
+    backend = config.attention_backend
+    if backend == "torch":
         return None
-    from omni.layers.triton_attention import triton_decode_kernel
+    from omni.layers.triton_attention import triton_decode_kernel, triton_decode_usable
 
+    if backend == "auto" and not triton_decode_usable(kv_cache):
+        return None
     return triton_decode_kernel(kv_cache)
 
 

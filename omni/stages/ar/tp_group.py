@@ -51,7 +51,7 @@ class CacheRecipe:
     num_blocks: int
     block_size: int
     dtype: str = ""  # "" = the model's dtype
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"
 
 
 def backend_for(devices: list[str]) -> str:
