@@ -186,6 +186,26 @@ def test_continuous_batching_new_requests_join(models, prompts, reference):
     assert tokens["r1"] == reference[1] and len(tokens["r0"]) == GREEDY.max_tokens - 2
 
 
+def test_prefill_apart_from_decodes_gives_the_same_tokens(models, prompts, reference):
+    """split_prefill (the default under decode graphs): r1's prompt gets a step of its own, r0 decodes
+    in the next; every token is the same as transformers'."""
+    eng = make_engine(models, split_prefill=True)
+    eng.add_request("r0", prompts[0], GREEDY)
+    eng.step(), eng.step()
+    eng.add_request("r1", prompts[1], GREEDY)
+    tokens = {"r0": [], "r1": []}
+    steps = []
+    while eng.has_unfinished():
+        outs = eng.step()
+        steps.append({o.rid for o in outs})
+        for o in outs:
+            tokens[o.rid] += o.new_token_ids
+    assert steps[0] == {"r1"} and steps[1] == {"r0", "r1"}  # the prefill alone, then both decode
+    assert tokens["r1"] == reference[1] and len(tokens["r0"]) == GREEDY.max_tokens - 2
+    full = make_engine(models, split_prefill=True)
+    assert full.generate(prompts, GREEDY) == reference
+
+
 def test_preemption_when_blocks_run_out(models, prompts, reference):
     # 16 blocks of 4 = 64 slots: the batch needs ~140, so sequences are preempted and recomputed
     eng = make_engine(models, num_blocks=16)

@@ -10,6 +10,9 @@ talker codes, float32 with TF32 off), and the kernel on the device.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,17 +121,25 @@ def _decode_meta(lens, tables, block, device):
     return AttentionMetadata.build(slots, tables, [n - 1 for n in lens], lens, block, device)
 
 
-def _kernel_vs_torch(device, dtype, tol):
+def _kernel_vs_torch(device, dtype, tol, long=False):
+    """The kernel against torch's paged attention; `long`: contexts over several of the kernel's
+    tiles (PAGE_TOKENS), a partial last tile and the padded tail of a block table."""
     from omni.layers.triton_attention import paged_decode_attention
 
     hq, hkv, dim, block = 8, 2, 32, 16
-    cache = _random_cache(device, dtype, hkv, dim, block)
-    lens, tables = [1, 17, 40], [[3], [0, 7], [11, 2, 5]]
+    if long:
+        cache = _random_cache(device, dtype, hkv, dim, block, blocks=24)
+        lens, tables = [1, 64, 65, 150], [[3], [0, 7, 9, 1], [11, 2, 5, 4, 20], [i for i in range(10)] + [23, 12]]
+        tables = [t + [0] * (12 - len(t)) for t in tables]  # the engine's tables are padded to one width
+    else:
+        cache = _random_cache(device, dtype, hkv, dim, block)
+        lens, tables = [1, 17, 40], [[3], [0, 7], [11, 2, 5]]
     meta = _decode_meta(lens, tables, block, device)
     gen = torch.Generator(device="cpu").manual_seed(1)
-    q = torch.randn(3, hq, dim, generator=gen).to(device, dtype)
-    k = torch.randn(3, hkv, dim, generator=gen).to(device, dtype)
-    v = torch.randn(3, hkv, dim, generator=gen).to(device, dtype)
+    n = len(lens)
+    q = torch.randn(n, hq, dim, generator=gen).to(device, dtype)
+    k = torch.randn(n, hkv, dim, generator=gen).to(device, dtype)
+    v = torch.randn(n, hkv, dim, generator=gen).to(device, dtype)
     ref = paged_attention(cache.clone(), 1, meta, q, k, v, scale=dim**-0.5)
     paged_attention(cache, 1, meta, q, k, v, scale=dim**-0.5)  # writes k/v like the engine does
     got = paged_decode_attention(cache, 1, q, meta.block_tables, meta.seq_lens, dim**-0.5)
@@ -136,11 +147,16 @@ def _kernel_vs_torch(device, dtype, tol):
     assert (got.float() - ref.float()).abs().max().item() <= tol
 
 
-def test_triton_kernel_matches_torch_in_the_interpreter(monkeypatch):
+def test_triton_kernel_matches_torch_in_the_interpreter():
+    """In a child process: TRITON_INTERPRET=1 must be set before triton is imported."""
     pytest.importorskip("triton")
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernel on CPU")
-    _kernel_vs_torch("cpu", torch.float32, 1e-5)
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(root), str(root / "tests")]))
+    code = ("import torch, test_cuda_graphs as t; t._kernel_vs_torch('cpu', torch.float32, 1e-5); "
+            "t._kernel_vs_torch('cpu', torch.float32, 1e-5, long=True); print('interpreter ok')")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=240, check=False)
+    assert proc.returncode == 0 and "interpreter ok" in proc.stdout, proc.stderr[-4000:]
 
 
 # ---- on the GPU ----------------------------------------------------------------------------
@@ -176,6 +192,7 @@ def test_sampled_graphs_equal_sampled_eager_and_nothing_captured_late(ckpt, exac
 def test_triton_kernel_matches_torch_on_cuda(dtype, tol):
     pytest.importorskip("triton")
     _kernel_vs_torch("cuda", dtype, tol)
+    _kernel_vs_torch("cuda", dtype, tol, long=True)
 
 
 @pytest.mark.gpu

@@ -15,7 +15,7 @@
 #   into $OUT/suite-<label>.md/.json; SUITE_S (380), SUITE_ARGS (extra gpu_suite.py arguments).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-$(mktemp -d /tmp/fp8-out.XXXX)}
+OUT=${OUT:-$(mktemp -d /tmp/fp8-out.XXXX)}; mkdir -p "$OUT"
 PARTS=",${PARTS:-tests,kernels,bench},"
 has() { [[ "$PARTS" == *,$1,* ]]; }
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/fp8.log"; }

@@ -2,9 +2,10 @@
 `[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`.
 
 One program per (sequence, KV head) computes all query heads of its GQA group: it walks the
-sequence's block table up to `seq_lens[b]`, reading each block's keys/values once, with an
-online softmax in float32 (flash-decoding without the split: at decode the cost is the bytes
-read). It reads only the blocks a sequence owns, so a CUDA graph captured for the whole
+sequence's block table up to `seq_lens[b]`, `PAGE_TOKENS` tokens (whole blocks) an iteration,
+reading each block's keys/values once, with an online softmax in float32 (flash-decoding without
+the split: at decode the cost is the bytes read; a tile of several blocks keeps more loads in
+flight per dependent step, which is what a short context at small batch waits on). It reads only the blocks a sequence owns, so a CUDA graph captured for the whole
 `max_model_len` costs no more than the context in use. No host syncs (graph-safe).
 
 Used by the engine when `attention_backend="triton"` for pure decode steps; prefill and mixed
@@ -33,16 +34,17 @@ if triton is not None:
 
     @triton.jit
     def _paged_decode(
-        q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, scale,
+        q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, scale, table_width,
         stride_qb, stride_qh, stride_blk, stride_slot, stride_kvh, stride_tb, stride_ob, stride_oh,
-        MAX_BLOCKS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr,
+        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, PAGES: tl.constexpr, MAX_TILES: tl.constexpr, IEEE: tl.constexpr,
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         g = tl.arange(0, BLOCK_G)
         d = tl.arange(0, BLOCK_D)
-        s = tl.arange(0, BLOCK_SIZE)
+        tok = tl.arange(0, PAGES * BLOCK_SIZE)  # a tile's tokens: PAGES cache blocks of the sequence
+        page, slot = tok // BLOCK_SIZE, tok % BLOCK_SIZE
         g_ok = g < GROUP
         d_ok = d < HEAD_DIM
         heads = kvh * GROUP + g
@@ -52,21 +54,23 @@ if triton is not None:
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        for j in range(0, MAX_BLOCKS):  # a fixed trip count; blocks past seq_len are skipped
-            if j * BLOCK_SIZE < seq_len:
-                block = tl.load(tables_ptr + b * stride_tb + j)
-                offs = block * stride_blk + s[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
+        for j in range(0, MAX_TILES):  # a fixed trip count (graphs); tiles past seq_len are skipped
+            if j * PAGES * BLOCK_SIZE < seq_len:
+                pos = j * PAGES * BLOCK_SIZE + tok
+                inside = pos < seq_len
+                block = tl.load(tables_ptr + b * stride_tb + j * PAGES + page,
+                                mask=inside & (j * PAGES + page < table_width), other=0)
+                offs = block[:, None] * stride_blk + slot[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
                 # slots past seq_len hold an earlier owner's values (NaN or inf too): never load
                 # them, since p = 0 there and 0 * NaN would still be NaN
-                live = ((j * BLOCK_SIZE + s) < seq_len)[:, None] & d_ok[None, :]
+                live = inside[:, None] & d_ok[None, :]
                 k = tl.load(k_ptr + offs, mask=live, other=0.0)
                 v = tl.load(v_ptr + offs, mask=live, other=0.0)
                 if IEEE:
                     scores = tl.dot(q, tl.trans(k), input_precision="ieee")
                 else:
                     scores = tl.dot(q, tl.trans(k))
-                scores = scores * scale
-                scores = tl.where((j * BLOCK_SIZE + s)[None, :] < seq_len, scores, float("-inf"))
+                scores = tl.where(inside[None, :], scores * scale, float("-inf"))
                 m_new = tl.maximum(m, tl.max(scores, 1))
                 p = tl.exp(scores - m_new[:, None])
                 alpha = tl.exp(m - m_new)
@@ -80,6 +84,9 @@ if triton is not None:
         out = acc / l[:, None]
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+
+
+PAGE_TOKENS = 64  # tokens a program reads per iteration (whole cache blocks): fewer dependent loads a step
 
 
 def _pow2(n: int, least: int = 16) -> int:
@@ -99,12 +106,13 @@ def paged_decode_attention(kv_cache: torch.Tensor, layer: int, q: torch.Tensor, 
     q = q.to(kv_cache.dtype).contiguous()
     out = torch.empty_like(q)
     tables = block_tables if block_tables.is_contiguous() else block_tables.contiguous()
+    pages = max(1, PAGE_TOKENS // block_size)
     _paged_decode[(batch, hkv)](
-        q, k_cache, v_cache, out, tables, seq_lens, float(scale),
+        q, k_cache, v_cache, out, tables, seq_lens, float(scale), tables.shape[1],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), tables.stride(0),
         out.stride(0), out.stride(1),
-        MAX_BLOCKS=_pow2(tables.shape[1], 1), GROUP=group, BLOCK_G=_pow2(group), HEAD_DIM=dim, BLOCK_D=_pow2(dim), BLOCK_SIZE=block_size,
-        IEEE=kv_cache.dtype == torch.float32,
+        GROUP=group, BLOCK_G=_pow2(group), HEAD_DIM=dim, BLOCK_D=_pow2(dim), BLOCK_SIZE=block_size,
+        PAGES=pages, MAX_TILES=_pow2(-(-tables.shape[1] // pages), 1), IEEE=kv_cache.dtype == torch.float32,
     )
     return out
 

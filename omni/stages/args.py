@@ -123,6 +123,10 @@ class VocoderArgs(StageArgs):
     grow_chunks: bool = False  # later chunks as long as the audio sent so far, up to chunk_frames
     max_batch: int = 0  # requests per forward; 0 = 128 with the codec on a GPU, else 8
     cuda_graphs: bool = True  # on a GPU: every chunk shape a stream meets replayed from a CUDA graph
+    # on a GPU: cuDNN times its algorithms once per conv shape (at warm-up / capture) and keeps the
+    # fastest; off, its heuristic picked a non-tensor-core implicit GEMM taking 1.2-2.4 ms a call for
+    # some chunk shapes of both codecs (H200 profile, bench/RESULTS.md 2026-12-03)
+    cudnn_benchmark: bool = True
 
     def check(self) -> None:
         super().check()

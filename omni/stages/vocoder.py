@@ -153,6 +153,10 @@ class VocoderStage(Stage):
         if self.codec is None:
             self.codec = self.build_codec()
         self.gpu_clock = GpuClock(getattr(self.codec, "device", "cpu"))
+        if self.on_gpu and self.ctx.args.cudnn_benchmark:
+            import torch
+
+            torch.backends.cudnn.benchmark = True  # this process's convs; set before any warm-up or capture
         if self.on_gpu and self.ctx.args.cuda_graphs and hasattr(self.codec, "capture_graphs"):
             self.graphs = self.codec.capture_graphs(self.first_chunk, self.chunk, self.max_batch)
 

@@ -41,6 +41,10 @@ class EngineConfig:
     cuda_graphs: bool | None = None  # replay decode steps from CUDA graphs (models with supports_cuda_graphs); None: on CUDA
     cuda_graph_max_batch: int = 0  # largest captured decode batch; 0 = max_num_seqs
     attention_backend: str = "auto"  # "triton": paged decode kernel (prefill stays torch); "auto": triton on CUDA
+    # steps that prefill (admissions, prompt chunks) apart from decode steps, alternating while both wait,
+    # so that decode steps stay on their CUDA graphs (a mixed step runs eagerly; with one arrival a step
+    # at 64 streams every step was mixed); None: with decode graphs
+    split_prefill: bool | None = None
     tensor_parallel_size: int = 1  # ranks one replica's model is split over (tensor_parallel.py; SGLang's tp_size)
 
     @property
@@ -48,6 +52,11 @@ class EngineConfig:
         """Decode graphs: `cuda_graphs` when set, else on wherever the engine runs on CUDA (the fast path
         is the default one; `cuda_graphs=false` turns them off)."""
         return str(self.device).startswith("cuda") if self.cuda_graphs is None else bool(self.cuda_graphs)
+
+    @property
+    def prefill_apart(self) -> bool:
+        """Prefill steps apart from decode steps: `split_prefill` when set, else with decode graphs."""
+        return self.graphs_on if self.split_prefill is None else bool(self.split_prefill)
 
     def __post_init__(self) -> None:
         self.tap_layers = tuple(int(x) for x in self.tap_layers)

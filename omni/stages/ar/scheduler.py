@@ -9,6 +9,10 @@ Each step spends at most `max_num_batched_tokens` tokens:
 2. then waiting sequences, first come first served, while `max_num_seqs` and blocks allow.
    With prefix caching a sequence being admitted first shares the cached blocks that match its
    leading full blocks (`BlockManager.match`): its computation starts past them.
+With `prefill_apart` (the default under decode graphs) a step either prefills (admissions and
+prompt chunks of more than one token) or decodes (one token per sequence, a step the engine
+replays from a CUDA graph), never both; while both kinds wait they alternate, so a decode
+waits at most one prefill step and a new request at most one decode step.
 
 Why no deadlock: the config guarantees one `max_model_len` sequence fits the cache, and
 the oldest running sequence may preempt every newer one, so it always progresses.
@@ -71,6 +75,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.prefill_apart = config.prefill_apart
+        self.last_prefilled = False  # the last step was a prefill step (prefill_apart)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -87,6 +93,10 @@ class Scheduler:
         """
         if any(self.ready(s) for s in self.running):
             return True
+        return self._can_admit()
+
+    def _can_admit(self) -> bool:
+        """The first ready waiting sequence can be admitted now (no side effects)."""
         if len(self.running) >= self.max_num_seqs:
             return False
         for seq in self.waiting:
@@ -104,13 +114,33 @@ class Scheduler:
         return hits, cached, seq.num_tokens - cached
 
     def schedule(self) -> SchedulerOutput:
+        if not self.prefill_apart:
+            return self._schedule(decodes=True, prefills=True)
+        prefill = self._prefill_due()
+        out = self._schedule(decodes=not prefill, prefills=prefill)
+        if prefill and not (out.scheduled or out.preempted):  # nothing could be admitted after all
+            prefill, out = False, self._schedule(decodes=True, prefills=False)
+        self.last_prefilled = prefill
+        return out
+
+    def _prefill_due(self) -> bool:
+        """This step prefills: prefill work is ready and decodes did not just wait for a prefill step."""
+        ready = [s for s in self.running if s.num_uncomputed_tokens > 0 and self.ready(s)]
+        decodes = any(s.num_uncomputed_tokens == 1 for s in ready)
+        if decodes and self.last_prefilled:
+            return False
+        return any(s.num_uncomputed_tokens > 1 for s in ready) or self._can_admit()
+
+    def _schedule(self, decodes: bool, prefills: bool) -> SchedulerOutput:
+        """Running sequences, then admissions (`prefills`); `decodes` / `prefills` pick which running
+        ones take part (one token left: a decode)."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             left = seq.num_uncomputed_tokens
-            if left == 0 or not self.ready(seq):
+            if left == 0 or not self.ready(seq) or not (decodes if left == 1 else prefills):
                 i += 1
                 continue
             n = min(left, budget)
@@ -119,8 +149,8 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
             i += 1
-        if out.preempted:
-            return out  # memory is tight: admit nobody new this step
+        if out.preempted or not prefills:
+            return out  # memory is tight (or a decode step): admit nobody new this step
         for seq in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
