@@ -210,26 +210,21 @@ if triton is not None:
 
     @triton.jit
     def _kth_largest_key(keys, k):
-        """The k-th largest of `keys`: the largest t with at least k keys >= t, built from the top, two
-        bits a pass (the four candidates' counts in one reduction: 16 dependent reductions, not 32)."""
+        """The k-th largest of `keys`: the largest t with at least k keys >= t, built from the top bit."""
         t = tl.full([], 0, tl.int64)
-        quad = tl.arange(0, 4).to(tl.int64)
-        for p in tl.static_range(15, -1, -1):
-            cand = t | (quad << (2 * p))  # [4]: t with bits (2p+1, 2p) = 0..3; counts fall as they rise
-            count = tl.sum((keys[None, :] >= cand[:, None]).to(tl.int32), axis=1)
-            t = tl.max(tl.where(count >= k, cand, t), axis=0)  # candidate 0 (= t) always holds
+        for bit in tl.static_range(31, -1, -1):
+            cand = t | (1 << bit)
+            t = tl.where(tl.sum((keys >= cand).to(tl.int32), axis=0) >= k, cand, t)
         return t
 
     @triton.jit
     def _mass_cut_key(keys, probs, limit, top):
         """The top-p cut: the largest key t whose lower keys hold at most `limit` of the mass (the
-        smallest kept value's key), never above `top` (the best row always stays); two bits a pass."""
+        smallest kept value's key), never above `top` (the best row always stays)."""
         t = tl.full([], 0, tl.int64)
-        quad = tl.arange(0, 4).to(tl.int64)
-        for p in tl.static_range(15, -1, -1):
-            cand = t | (quad << (2 * p))  # the mass below a candidate grows with it
-            mass = tl.sum(tl.where(keys[None, :] < cand[:, None], probs[None, :], 0.0), axis=1)
-            t = tl.max(tl.where(mass <= limit, cand, t), axis=0)
+        for bit in tl.static_range(31, -1, -1):
+            cand = t | (1 << bit)
+            t = tl.where(tl.sum(tl.where(keys < cand, probs, 0.0), axis=0) <= limit, cand, t)
         return tl.minimum(t, top)
 
     @triton.jit

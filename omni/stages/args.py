@@ -124,9 +124,11 @@ class VocoderArgs(StageArgs):
     max_batch: int = 0  # requests per forward; 0 = 128 with the codec on a GPU, else 8
     cuda_graphs: bool = True  # on a GPU: every chunk shape a stream meets replayed from a CUDA graph
     # on a GPU: cuDNN times its algorithms once per conv shape (at warm-up / capture) and keeps the
-    # fastest; off, its heuristic picked a non-tensor-core implicit GEMM taking 1.2-2.4 ms a call for
-    # some chunk shapes of both codecs (H200 profile, bench/RESULTS.md 2026-12-03)
-    cudnn_benchmark: bool = True
+    # fastest. Its heuristic picks a non-tensor-core implicit GEMM of 1.2-2.4 ms a call for some chunk
+    # shapes of both codecs (~14 % of the codec's GPU time at 64 streams), but timing every captured
+    # shape added ~55 s to a Qwen3-TTS start-up on an H200 while the codec was not the bottleneck
+    # (bench/RESULTS.md 2026-12-03): off by default
+    cudnn_benchmark: bool = False
 
     def check(self) -> None:
         super().check()
