@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from omni.layers import fused_ops
+from omni.layers.fused_linear import fuse_linears
 from omni.layers.norms import RMSNorm
 from omni.layers.rotary import apply_rope
 
@@ -52,6 +53,12 @@ class QKVProjection(nn.Module):
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
+        self.qkv_proj: nn.Linear | None = None  # q/k/v as one projection, once `fuse_projections` ran
+
+    def fuse_projections(self) -> bool:
+        """q/k/v as one GEMM (a launch, not three); the three projections' weights become views of it."""
+        self.qkv_proj = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        return self.qkv_proj is not None
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """`x` [..., T, hidden] -> q [..., T, heads, hd], k and v [..., T, kv_heads, hd], RoPE applied.
@@ -59,9 +66,14 @@ class QKVProjection(nn.Module):
         cos/sin are [..., T, hd]; they broadcast over the head axis.
         """
         lead = x.shape[:-1]
-        q = self.q_proj(x).view(*lead, self.heads, self.head_dim)
-        k = self.k_proj(x).view(*lead, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(*lead, self.kv_heads, self.head_dim)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split([self.q_proj.out_features, self.k_proj.out_features,
+                                              self.v_proj.out_features], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(*lead, self.heads, self.head_dim)
+        k = k.view(*lead, self.kv_heads, self.head_dim)
+        v = v.view(*lead, self.kv_heads, self.head_dim)
         if self._fused(x, cos, sin):  # q/k norm + rope: one launch for both
             rows, d = -1, self.head_dim
             c = cos.expand(*lead, d).reshape(rows, d)

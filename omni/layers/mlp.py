@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni.layers.fused_linear import fuse_linears
+
 # config `hidden_act` names -> functions (transformers' meanings)
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -19,8 +21,17 @@ class GatedMLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
         self.act = ACTIVATIONS[act]
+        self.gate_up_proj: nn.Linear | None = None  # gate and up as one projection, once fused
+
+    def fuse_projections(self) -> bool:
+        """gate and up as one GEMM; their weights become views of it."""
+        self.gate_up_proj = fuse_linears(self.gate_proj, self.up_proj)
+        return self.gate_up_proj is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(self.act(gate) * up)
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 

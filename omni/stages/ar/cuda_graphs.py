@@ -143,17 +143,15 @@ class DecodeGraphs:
         n = len(scheduled)
         if self.disabled is not None or n > self.max_batch or any(s.num_tokens != 1 for s in scheduled):
             return None
-        spans, ids, slots, lens, positions, embeds, tables = decode_rows(self.model, scheduled, self.block_size)
-        has_embeds = embeds[0] is not None
-        if any((e is not None) != has_embeds for e in embeds):
+        spans, ids, slots, lens, pos, emb, tables = decode_rows(self.model, scheduled, self.block_size)
+        if isinstance(emb, list):
             return None  # some rows embed their ids, some do not: the general path merges them
-        pos = torch.cat(positions, dim=-1) if n > 1 else positions[0]
+        has_embeds = emb is not None
         if numpy_dtype(pos.dtype) is None:
             return None
         seqs = [s.seq for s in spans]
         key = (_bucket(n, self.sizes), self._ctx_blocks_for(max(lens)), tuple(tap_layers), has_embeds,
                tuple(pos.shape[:-1]), pos.dtype, self._mode(seqs))
-        emb = (torch.cat(embeds) if n > 1 else embeds[0]) if has_embeds else None
         static = self._static(key, emb)
         if static is None:
             return None

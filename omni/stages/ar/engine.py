@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from omni.kernel.errors import InvalidRequest
+from omni.layers.fused_linear import fuse_model_projections
 from omni.layers.paged_attention import allocate_kv_cache
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.cuda_graphs import DecodeGraphs
@@ -76,6 +77,9 @@ class AREngine:
     def __init__(self, model: ARModel, config: EngineConfig) -> None:
         if isinstance(model, torch.nn.Module):  # serving never trains: no autograd history anywhere (a tap
             model.requires_grad_(False)  # buffer written from embeddings that required grad grew a chain forever)
+            fused = fuse_model_projections(model)  # on CUDA: q/k/v and gate/up as one GEMM each
+            if fused:
+                log.info("%s: %d modules' projections fused", type(model).__name__, fused)
         self.model = model
         self.config = config
         spec = model.kv_cache_spec()

@@ -37,9 +37,11 @@ class GraphDecodeStep:
 
 
 def decode_rows(model, scheduled: list, block_size: int) -> tuple[list, ...]:
-    """Per row of a one-token-per-sequence step: span, token id, cache slot, context length,
-    block table, and the model's rope positions and input embeddings (or None)."""
-    spans, ids, slots, lens, positions, embeds, tables = [], [], [], [], [], [], []
+    """Per row of a one-token-per-sequence step: span, token id, cache slot, context length and
+    block table; then the rows' rope positions (one tensor, [n] or [P, n]) and input embeddings (one
+    [n, H] tensor, None where every row embeds its id, or a per-row list when only some do):
+    from the model's batched `decode_inputs` when it gives them, else row by row."""
+    spans, ids, slots, lens, tables = [], [], [], [], []
     bs = block_size
     for row, item in enumerate(scheduled):
         seq = item.seq
@@ -50,8 +52,17 @@ def decode_rows(model, scheduled: list, block_size: int) -> tuple[list, ...]:
         slots.append(table[p // bs] * bs + p % bs)
         lens.append(p + 1)
         tables.append(table)
-        positions.append(model.positions(seq, p, p + 1))
-        embeds.append(model.input_embeds(seq, p, p + 1))
+    batched = model.decode_inputs([s.seq for s in spans], [n - 1 for n in lens])
+    if batched is not None:
+        positions, embeds = batched
+    else:
+        rows = [model.positions(s.seq, s.start, s.end) for s in spans]
+        positions = torch.cat(rows, dim=-1) if len(rows) > 1 else rows[0]
+        embeds = [model.input_embeds(s.seq, s.start, s.end) for s in spans]
+        if all(e is None for e in embeds):
+            embeds = None
+        elif all(e is not None for e in embeds):
+            embeds = torch.cat(embeds) if len(embeds) > 1 else embeds[0]
     return spans, ids, slots, lens, positions, embeds, tables
 
 

@@ -165,6 +165,13 @@ class ARModel:
         """[end - start, H] input embeddings for those positions, or None to embed the token ids."""
         return None
 
+    def decode_inputs(self, seqs: list["Sequence"], starts: list[int]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """A decode step's inputs for one new position per sequence at once: rope positions [n] or
+        [P, n] (a CPU tensor, as `positions` gives them concatenated) and input embeddings [n, H] (or
+        None, as `input_embeds`), equal to asking row by row; None: ask row by row. Per row, those
+        are a few small tensor ops each (a launch each on a GPU): at 64 rows a millisecond a step."""
+        return None
+
     def positions(self, seq: "Sequence", start: int, end: int) -> torch.Tensor:
         """Rope positions of [start, end): [n] long by default; [P, n] for multi-axis rope
         (float allowed: Qwen3-Omni video positions can be fractional). Every sequence of one

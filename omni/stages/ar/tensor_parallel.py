@@ -155,6 +155,9 @@ class TensorParallelModel(ARModel):
     def positions(self, seq, start, end):
         return self.shard.positions(seq, start, end)
 
+    def decode_inputs(self, seqs, starts):
+        return self.shard.decode_inputs(seqs, starts)
+
     def prefix_key(self, seq, start, end):
         return self.shard.prefix_key(seq, start, end)
 

@@ -108,6 +108,20 @@ class CodecLM(nn.Module, ARModel):
             rows.append((req.frame_embeds[k] + req.inputs.trailing(k))[None])
         return torch.cat(rows) if len(rows) > 1 else rows[0]
 
+    def decode_inputs(self, seqs, starts: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Every row a frame position (past its prefill): positions index + delta, inputs the frames'
+        embeddings plus their text rows, in three launches for the whole batch (row by row otherwise,
+        and where a subclass changed the row hooks)."""
+        if type(self).input_embeds is not CodecLM.input_embeds or type(self).positions is not CodecLM.positions:
+            return None
+        reqs: list[CodecLMRequest] = [seq.model_state[STATE_KEY] for seq in seqs]
+        ks = [p - r.prefill_len for p, r in zip(starts, reqs)]
+        if any(k < 0 or r.inputs.positions.shape[1] != r.prefill_len for k, r in zip(ks, reqs)):
+            return None
+        pos = torch.tensor(starts, dtype=torch.float32) + torch.tensor([float(r.inputs.delta) for r in reqs])  # as `positions`
+        frames = torch.stack([r.frame_embeds[k] for k, r in zip(ks, reqs)])
+        return pos.expand(3, -1), frames + torch.stack([r.inputs.trailing(k) for k, r in zip(ks, reqs)])
+
     def input_ready(self, seq) -> bool:
         req: CodecLMRequest = seq.model_state[STATE_KEY]
         k = seq.num_tokens - 1 - req.prefill_len  # frame index of the newest position

@@ -305,6 +305,18 @@ class Qwen3OmniThinker(nn.Module, ARModel):
             h.update(rows.contiguous().view(torch.uint8).numpy().tobytes())
         return h.digest()
 
+    def decode_inputs(self, seqs: list[Sequence], starts: list[int]) -> tuple[torch.Tensor, None] | None:
+        """Every row past its prompt: positions index + delta (token embeddings), for the whole batch
+        in one tensor; otherwise (or where a subclass changed the row hooks) row by row."""
+        cls = type(self)
+        if cls.input_embeds is not Qwen3OmniThinker.input_embeds or cls.positions is not Qwen3OmniThinker.positions:
+            return None
+        if any(p < seq.num_prompt_tokens for p, seq in zip(starts, seqs)):
+            return None
+        deltas = [float(seq.model_state["mrope_delta"]) if "mrope" in seq.model_state else 0.0 for seq in seqs]
+        pos = torch.tensor(starts, dtype=torch.float32) + torch.tensor(deltas, dtype=torch.float32)  # as `positions`
+        return pos.expand(3, -1), None
+
     def positions(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
         """[3, end - start] float32: the prompt's M-RoPE positions, then index + delta."""
         mrope = seq.model_state.get("mrope")
