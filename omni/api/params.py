@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from omni.api.aliases import chats, completes
+from omni.api.decode_errors import decode_refusal
 from omni.api.errors import ApiError, bad_request, unknown_voice
 from omni.api.media import (
     MODEL_AUDIO_RATE,
@@ -109,7 +110,7 @@ def _typed(fields: dict) -> Sampling:
     try:
         return msgspec.convert(fields, Sampling)
     except msgspec.ValidationError as exc:
-        raise bad_request(f"invalid sampling: {exc}", code="invalid_value") from None
+        raise decode_refusal(exc, msgspec.json.encode(fields), Sampling) from None
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
