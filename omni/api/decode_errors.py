@@ -94,7 +94,7 @@ def _render(tokens: list) -> str:
 def _named_keys(tokens: list, raw: Any, cls: type | None) -> list:
     """msgspec writes a dict key as `[...]`: name it (the one key, or the first whose value fails)."""
     out: list = []
-    for i, t in enumerate(tokens):
+    for t in tokens:
         here = _value_at(raw, out)
         if t is ... and isinstance(here, dict) and here:
             inner = _type_at(cls, out + [...])
@@ -108,7 +108,7 @@ def _fits(value: Any, tp: Any) -> bool:
     try:
         msgspec.convert(value, tp)
         return True
-    except (msgspec.ValidationError, TypeError):
+    except (msgspec.ValidationError, TypeError, RecursionError):
         return False
 
 
