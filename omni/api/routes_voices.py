@@ -28,6 +28,7 @@ from omni.api.connections import read_body, read_form, within_body_timeout
 from omni.api.errors import ApiError, as_api_error, bad_request, unknown_voice
 from omni.api.media import audio_part, b64decode_strict, decode_audio
 from omni.api.schemas import decode_body
+from omni.api.voice_names import is_openai_voice
 from omni.api.state import STATE
 from omni.api.voices import Prompt, VoiceStore, check_name, namespace
 
@@ -96,6 +97,11 @@ def uploaded_voice(state, voice: str | None, param: str) -> dict[str, Any]:
     found = state.voices.find(voice)
     if found is None:
         known = ", ".join(v.name for v in state.voices.list()) or "none uploaded yet"
+        if is_openai_voice(voice):  # what an OpenAI client sends unchanged: say why it names nothing here
+            raise unknown_voice(voice, f"model {state.info.id!r} clones voices and has no built-in voices, so "
+                                       f"OpenAI's {voice!r} names none until a voice is uploaded under that name: "
+                                       f"POST {ROUTE} (multipart audio_sample + name={voice} + ref_text), or send "
+                                       f"ref_audio + ref_text inline; uploaded: {known}", param)
         raise unknown_voice(voice, f"model {state.info.id!r} speaks only in uploaded voices ({known}); upload a "
                                    f"clip with POST {ROUTE} (it may be named {voice!r}) or send ref_audio", param)
     return {"voice_prompt": state.voices.prompt(found).params(), "voice": found.id}

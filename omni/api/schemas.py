@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 from msgspec import Meta, Struct
 
+from omni.api.decode_errors import decode_refusal
 from omni.api.errors import ApiError
 from omni.sampling import MaxTokens, SamplingFields
 
@@ -161,7 +162,7 @@ _decoders: dict[type, msgspec.json.Decoder] = {}
 
 
 def decode_body(body: bytes, cls: type) -> object:
-    """Decode a JSON body into `cls`; every failure is a 400 naming the field (`$.messages[0]...`)."""
+    """Decode a JSON body into `cls`; every failure is a 400 naming the field (`messages[0].role`)."""
     decoder = _decoders.get(cls)
     if decoder is None:
         decoder = _decoders[cls] = msgspec.json.Decoder(cls)
@@ -169,16 +170,7 @@ def decode_body(body: bytes, cls: type) -> object:
         raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")
     try:
         return decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        param = text.rpartition(" - at `$.")[2].rstrip("`") if " - at `$." in text else None
-        what = text.partition(" - at `$.")[0]
-        if param and what.startswith("Expected "):  # "Expected `int` <= 16 - at `$.n`" in the client's words
-            message = f"invalid value for {param!r}: expected {what[len('Expected '):]}"
-        else:
-            message = f"invalid request: {text}"
-        raise ApiError(400, message, param=param, code="invalid_value") from None
-    except msgspec.DecodeError as exc:
-        raise ApiError(400, f"body is not valid JSON: {exc}", code="invalid_json") from None
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:  # in the client's words (decode_errors.py)
+        raise decode_refusal(exc, body, cls) from None
     except RecursionError:  # msgspec recurses per nesting level, also through fields it skips
         raise ApiError(400, "body is not valid JSON: it is nested too deeply", code="invalid_json") from None

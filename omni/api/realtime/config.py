@@ -212,8 +212,8 @@ def _stage_sampling(state: ServerState, value: Any, param: str) -> dict[str, Sta
     value = _obj(value, param)
     try:
         out = {name: decode_body(msgspec.json.encode(fields), StageSampling) for name, fields in value.items()}
-    except ApiError as err:
-        raise bad_request(f"{param}: {err.message}", param=param, code="invalid_value") from None
+    except ApiError as err:  # its param is inside one stage's fields: named from the session's root
+        raise bad_request(f"{param}: {err.message}", param=param, code=err.code) from None
     stage_sampling(state, {}, out)  # unknown stage names are refused here
     return out
 

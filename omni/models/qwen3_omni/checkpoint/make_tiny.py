@@ -16,7 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
-from omni.models.qwen3_omni.checkpoint.tiny_presets import TinyPreset, get_preset
+from omni.help_format import DefaultsHelp
+from omni.models.qwen3_omni.checkpoint.tiny_presets import PRESETS, TinyPreset, get_preset
 from omni.layers.tokenizer_offline import save_tokenizer, token_ids, vocab_size
 
 # Offsets of the codec special ids above the codebook, as in the published config
@@ -272,14 +273,20 @@ def _check(ok: bool, message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`omnid make-tiny qwen3-omni DIR [--seed N] [--preset NAME] [--fp8]` (or `python -m` this module)."""
     parser = argparse.ArgumentParser(prog="omnid make-tiny qwen3-omni",
-                                     description="write a tiny random Qwen3-Omni checkpoint (for tests)")
-    parser.add_argument("out_dir")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--preset", default="tiny-a", help="size preset of the tiny model")
+                                     description="write a tiny random-weight Qwen3-Omni checkpoint of the real "
+                                                 "architecture (for tests); what it says and speaks is noise",
+                                     formatter_class=DefaultsHelp)
+    parser.add_argument("out_dir", metavar="DIR", help="the checkpoint directory to write")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--preset", default="tiny-a", choices=sorted(PRESETS),
+                        help="sizes: tiny-a (the embedded model's) to tiny-d, each changing the shapes omni must "
+                             "not hard-code (layers, widths, experts, code groups, codebook)")
     parser.add_argument("--fill-talker-router", action="store_true",
-                        help="random talker router (zeros otherwise: device-dependent top-k ties)")
+                        help="random talker router weights (zeros otherwise: a random router's top-k ties "
+                             "would differ by device)")
     parser.add_argument("--fp8", action="store_true",
-                        help="write the thinker and talker decoder weights as fine-grained FP8 (e4m3, 128x128 block scales)")
+                        help="write the thinker and talker decoder weights as fine-grained FP8 (e4m3, 128x128 "
+                             "block scales)")
     args = parser.parse_args(argv)
     path = make_tiny(args.out_dir, seed=args.seed, preset=args.preset, fill_talker_router=args.fill_talker_router,
                      fp8=args.fp8)

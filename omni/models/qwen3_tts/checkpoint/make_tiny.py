@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from omni.help_format import DefaultsHelp
 from omni.models.qwen3_tts.checkpoint.presets import PRESETS, Preset, get_preset
 from omni.models.qwen3_tts.config import ARCHITECTURE, KINDS, TINY_MARKER, TOKENIZER_12HZ, parse_config
 
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="omnid make-tiny qwen3-tts",
                                      description="write a random-weight Qwen3-TTS checkpoint of the real architecture "
                                                  "(the qwen-tts package loads it too); what it says is noise",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=DefaultsHelp)
     parser.add_argument("out_dir", metavar="DIR", help="the checkpoint directory to write")
     parser.add_argument("--kind", default="custom-voice", choices=["base", "custom-voice", "voice-design"],
                         help="custom-voice: named speakers (+ instructions for the style); voice-design: the voice "
