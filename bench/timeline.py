@@ -186,7 +186,8 @@ def markdown(report: dict[str, Any]) -> str:
         gpu = "; ".join(f"{g} util mean {v['util_mean']}% p50 {v['util_p50']}% max {v['util_max']}%, "
                         f"mem {v['mem_used_max_mib']:.0f} MiB" for g, v in (lv["gpu"] or {}).items()) or "no nvidia-smi"
         lines += [f"## c={lv['concurrency']}: {lv['ok']}/{lv['requests']} ok in {lv['wall_s']} s, TTFA p50 "
-                  f"{_f(ttfa.get('p50'))} ms, RTF p50 {_f(rtf.get('p50'))}, {_f(lv['audio_s_per_s'])} audio s/s", "",
+                  f"{_f(ttfa.get('p50'))} ms (p90 {_f(ttfa.get('p90'))}), RTF p50 {_f(rtf.get('p50'))} (p90 {_f(rtf.get('p90'))}), "
+                  f"{_f(lv['audio_s_per_s'])} audio s/s", "",
                   f"GPU: {gpu}. Busiest stage: {lv['busiest_stage']}.", "",
                   "| stage | " + " | ".join(COLUMNS) + " | recv | busy | steps | ms/step | rows/step | GPU reserved GB |",
                   "|---" * (len(COLUMNS) + 7) + "|"]
