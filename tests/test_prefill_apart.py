@@ -9,6 +9,7 @@ from __future__ import annotations
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.scheduler import Scheduler
 from omni.stages.ar.sequence import SamplingParams, Sequence
+from test_fair_overload import run_step as step_once
 
 
 def seq(rid: str, prompt: int, max_tokens: int = 6) -> Sequence:
@@ -16,15 +17,12 @@ def seq(rid: str, prompt: int, max_tokens: int = 6) -> Sequence:
 
 
 def run_step(scheduler: Scheduler) -> dict[str, int]:
-    out = scheduler.schedule()
-    for s in out.scheduled:
-        samples = s.samples
-        s.seq.num_computed_tokens += s.num_tokens
-        if samples:
-            s.seq.output_token_ids.append(7)
-            if len(s.seq.output_token_ids) >= s.seq.params.max_tokens:
-                scheduler.finish(s.seq, None)
-    return {s.seq.rid: s.num_tokens for s in out.scheduled}
+    """test_fair_overload's step, then the sequences that reached max_tokens finish."""
+    got = step_once(scheduler)
+    for s in list(scheduler.running):
+        if len(s.output_token_ids) >= s.params.max_tokens:
+            scheduler.finish(s, None)
+    return got
 
 
 def config(**kw) -> EngineConfig:
