@@ -4,7 +4,7 @@ A host has `spawn(config, spec)`, which starts `python -m omni.cluster.proc` wit
 replica of stage `spec` and returns a process handle (`pid`, `poll`, `reason`, `kill`, `stop`);
 `bus_host` is the IP the kernel's own mailbox binds ("" = ipc:// socket files). The supervisor
 decides when to start and restart; a host only runs what it is told (omni/cluster/ray_host.py does
-the same on Ray nodes).
+the same on Ray nodes, omni/cluster/inline.py as asyncio tasks in the kernel's process).
 """
 
 from __future__ import annotations
