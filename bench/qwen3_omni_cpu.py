@@ -31,7 +31,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
-os.chdir(ROOT)  # stage processes run `python -m omni.kernel.proc` from the repository root
+os.chdir(ROOT)  # stage processes run `python -m omni.cluster.proc` from the repository root
 
 from omni.kernel.kernel import Kernel  # noqa: E402
 from omni.models.qwen3_omni.graph import build  # noqa: E402

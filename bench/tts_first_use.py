@@ -138,7 +138,7 @@ async def main_async(args) -> dict:
     t0 = time.monotonic()
     await kernel.start()
     print(f"kernel up in {time.monotonic() - t0:.1f} s", flush=True)
-    instrument_talker(kernel.supervisor.handles["talker.0"].actor.driver.stage)
+    instrument_talker(kernel.supervisor.handles["talker.0"].process.actor.driver.stage)
     server = await HttpServer(build_app(kernel, info, [s.name for s in graph.stages], ServerConfig(port=0)),
                               "127.0.0.1", 0).start()
     model, voice, deadline = info.id, VOICE[args.kind], time.monotonic() + args.budget_s

@@ -34,7 +34,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-os.chdir(ROOT)  # stage processes run `python -m omni.kernel.proc` from the repository root
+os.chdir(ROOT)  # stage processes run `python -m omni.cluster.proc` from the repository root
 
 from test_whisper_support import SENTENCES, normalize, speak_clip  # noqa: E402
 

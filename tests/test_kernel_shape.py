@@ -16,17 +16,20 @@ from omni.kernel.graph import EdgeSpec
 from omni.models.demo.stages import demo_graph
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "omni" / "kernel"
-# #15, #27: the kernel in one sitting, under 1,360 lines of code, counted as cloc counts them (blank
+# #15, #27: the kernel in one sitting, under 1,300 lines of code, counted as cloc counts them (blank
 # lines, comments and docstrings apart); its physical lines are held where they are too. What is not
-# the kernel's own lives beside it: the payload channels (omni/transport/channels.py) and the
-# request's sampling contract (omni/sampling.py).
-CODE_LINE_BUDGET = 1360
-PHYSICAL_LINE_BUDGET = 1950
+# the kernel's own lives beside it: the payload channels (omni/transport/channels.py), the request's
+# sampling contract (omni/sampling.py), the model registry (omni/models/registry.py), and the stage
+# process and the hosts that run replicas, library mode's in-process tasks included (omni/cluster).
+CODE_LINE_BUDGET = 1300
+PHYSICAL_LINE_BUDGET = 1850
 
 
 def test_kernel_imports_neither_torch_nor_aiohttp():
+    """Nor does the stage process's entry point (omni/cluster/proc.py), which imports the actor."""
     modules = sorted(f"omni.kernel.{p.stem}" for p in KERNEL_DIR.glob("*.py") if p.stem != "__init__")
-    assert "omni.kernel.kernel" in modules and "omni.kernel.proc" in modules
+    assert "omni.kernel.kernel" in modules and "omni.kernel.actor" in modules
+    modules.append("omni.cluster.proc")
     code = (f"import importlib, sys\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
             "print(sorted({'torch', 'aiohttp'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

@@ -114,7 +114,7 @@ def test_a_stage_defers_sigterm_while_its_kernel_lives_and_leaves_when_told():
 
 def test_a_stage_whose_kernel_is_gone_stops_at_sigterm():
     """The other half of the deferral: with its parent gone (PR_SET_PDEATHSIG) SIGTERM stops it."""
-    from omni.kernel import proc
+    from omni.cluster import proc
 
     stopped = []
     actor = type("A", (), {"stop": lambda self: stopped.append(True), "name": "x"})()

@@ -83,7 +83,7 @@ async def serve_until_signal(server: HttpServer, kernel, drain_timeout_s: float,
                              on_listening: Callable[[str], None] = print,
                              stop_event: asyncio.Event | None = None) -> None:
     """Serve until SIGINT/SIGTERM (or `stop_event`), then drain, end the streams, close HTTP, and stop
-    the kernel. The stages ignore a SIGTERM sent to the whole process group (kernel/proc.py): they
+    the kernel. The stages ignore a SIGTERM sent to the whole process group (omni/cluster/proc.py): they
     serve through the drain and leave when the kernel stops them."""
     loop = asyncio.get_running_loop()
     stop = stop_event or asyncio.Event()

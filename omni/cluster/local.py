@@ -1,10 +1,10 @@
 """The default host: stage processes on this machine, as subprocesses of the kernel's process.
 
-A host has `spawn(config, spec)`, which starts `python -m omni.kernel.proc` with `config` for one
+A host has `spawn(config, spec)`, which starts `python -m omni.cluster.proc` with `config` for one
 replica of stage `spec` and returns a process handle (`pid`, `poll`, `reason`, `kill`, `stop`);
 `bus_host` is the IP the kernel's own mailbox binds ("" = ipc:// socket files). The supervisor
 decides when to start and restart; a host only runs what it is told (omni/cluster/ray_host.py does
-the same on Ray nodes).
+the same on Ray nodes, omni/cluster/inline.py as asyncio tasks in the kernel's process).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class LocalHost:
             config = {**config, "env": {"OMNI_BUS_HOST": self.bus_host, **config["env"]}}
         # A fresh interpreter (spawn semantics, never fork): CUDA-safe, and the caller's
         # __main__ is never re-imported, so scripts and notebooks need no main guard.
-        proc = subprocess.Popen([sys.executable, "-m", "omni.kernel.proc"], stdin=subprocess.PIPE, close_fds=True,
+        proc = subprocess.Popen([sys.executable, "-m", "omni.cluster.proc"], stdin=subprocess.PIPE, close_fds=True,
                                 env=keep_multicast_off(dict(os.environ)))
         proc.stdin.write(json.dumps(config).encode())
         proc.stdin.close()

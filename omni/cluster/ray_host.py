@@ -2,7 +2,7 @@
 
 omni keeps supervision: Ray only hosts the processes. `RayHost.spawn` starts a Ray actor (no Ray
 restarts) on a node that fits the stage's resources, and that actor runs the same stage process as
-on one machine (`python -m omni.kernel.proc`) as its child, told the node's IP (the bus binds a TCP
+on one machine (`python -m omni.cluster.proc`) as its child, told the node's IP (the bus binds a TCP
 port there) and the node's id (edges to other nodes take the network channel). When the child
 exits, or the actor dies with its node, the returned `RayProcess` says so and the supervisor
 restarts the replica through `spawn` again, so it lands on a node that fits then.
@@ -110,7 +110,7 @@ class _StageHost:
 
         where = {"OMNI_BUS_HOST": ray.util.get_node_ip_address(), "OMNI_NODE": ray.get_runtime_context().get_node_id()}
         config = {**config, "parent_pid": os.getpid(), "env": {**config["env"], **where}}
-        self.proc = subprocess.Popen([sys.executable, "-m", "omni.kernel.proc"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "omni.cluster.proc"], stdin=subprocess.PIPE,
                                      close_fds=True, env=keep_multicast_off(dict(os.environ)))
         self.proc.stdin.write(json.dumps(config).encode())
         self.proc.stdin.close()

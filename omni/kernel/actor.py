@@ -3,7 +3,7 @@
 The loop thread only does IO: it reads the inbound socket, decodes messages, tracks credits and
 sends outputs. Everything the stage does runs in one compute thread (`StageDriver`), so the mailbox
 answers stats queries, credits and cancels while a long step runs, and a stage needs no locks. The
-same class runs in a stage process (`omni.kernel.proc`) and as an asyncio task in the kernel's
+same class runs in a stage process (`omni.cluster.proc`) and as an asyncio task in the kernel's
 process (library mode).
 """
 

@@ -1,9 +1,9 @@
 """Starting, watching and restarting stage actors: one_for_one with a restart budget, as in OTP.
 
 A replica runs as a process its host spawns (here, or on a Ray node: omni/cluster) or, in library
-mode ("inline"), as an asyncio task in the kernel's loop; both report through the same messages
-(ActorReady or ActorFailed, then heartbeats). Death is seen by the exit status or the task's end,
-a stalled mailbox by missing heartbeats. The supervisor tells the kernel (which fails the requests that replica held), frees what the replica
+mode ("inline"), as an asyncio task in the kernel's loop (omni/cluster/inline.py, a host as well);
+all report through the same messages (ActorReady or ActorFailed, then heartbeats). Death is seen by
+the exit status or the task's end, a stalled mailbox by missing heartbeats. The supervisor tells the kernel (which fails the requests that replica held), frees what the replica
 owned and restarts it after a backoff; past `max_restarts` within `restart_window_s` the replica is
 down and rests `restart_cooldown_s` before it is tried afresh.
 """
@@ -20,8 +20,8 @@ from enum import Enum
 from typing import Any
 
 from omni.cluster.addresses import learn, peers
+from omni.cluster.inline import InlineHost
 from omni.cluster.local import LocalHost
-from omni.gpu_env import keep_multicast_off
 from omni.kernel import messages as m
 from omni.kernel.bus import Outbox
 from omni.kernel.errors import StageStartError
@@ -55,9 +55,7 @@ class ActorHandle:
     stage: str
     replica: int
     state: ActorState = ActorState.STARTING
-    process: Any = None  # its host's handle (omni/cluster/local.py: LocalProcess)
-    task: asyncio.Task | None = None
-    actor: Any = None  # library mode: the Actor object
+    process: Any = None  # its host's handle (omni/cluster/local.py: LocalProcess; inline.py: InlineProcess)
     ready: asyncio.Future | None = None
     last_heartbeat: float = 0.0
     last_stats: dict[str, Any] = field(default_factory=dict)
@@ -75,24 +73,15 @@ class ActorHandle:
         return self.pid if self.state is ActorState.UP else 0
 
     def alive(self) -> bool:
-        if self.process is not None:
-            return self.process.poll() is None
-        return self.task is not None and not self.task.done()
+        return self.process is not None and self.process.poll() is None
 
     def exit_reason(self) -> str:
-        if self.process is not None:
-            return self.process.reason()
-        if self.task is not None and self.task.done() and not self.task.cancelled():
-            exc = self.task.exception()
-            return f"task ended: {exc!r}" if exc else "task ended"
-        return "stopped"
+        return self.process.reason() if self.process is not None else "stopped"
 
     def kill(self) -> None:
         """As a crash would: SIGKILL, or cancelling the task inline."""
         if self.process is not None:
             self.process.kill()
-        if self.task is not None:
-            self.task.cancel()
 
 
 class Supervisor:
@@ -104,7 +93,8 @@ class Supervisor:
         if mode not in ("process", "inline"):
             raise ValueError(f"mode must be 'process' or 'inline', not {mode!r}")
         self.graph, self.mode, self.instance, self._on_death = graph, mode, instance, on_death
-        self.host = host or LocalHost()
+        # inline, the kernel's mailbox still binds where a given host's bus runs
+        self.host = InlineHost(graph, getattr(host, "bus_host", "")) if mode == "inline" else host or LocalHost()
         self.heartbeat_timeout_s, self.log_level, self.env = heartbeat_timeout_s, log_level, env
         self.handles = {h.name: h for h in (ActorHandle(s.name, r) for s in graph.stages for r in range(s.replicas))}
         self.restarts_total: dict[str, int] = {s.name: 0 for s in graph.stages}
@@ -161,20 +151,12 @@ class Supervisor:
         handle.ready = asyncio.get_running_loop().create_future()
         handle.state = ActorState.RESTARTING if handle.restarts else ActorState.STARTING
         handle.last_heartbeat = time.monotonic()
-        if self.mode == "process":
-            config = {"graph": self.graph.to_dict(), "stage": handle.stage, "replica": handle.replica,
-                      "run_dir": self.run_dir, "instance": self.instance, "parent_pid": os.getpid(),
-                      "log_level": self.log_level, "env": self.env,
-                      "stage_kinds": STAGES.entries_for([s.kind for s in self.graph.stages])}
-            handle.process = self.host.spawn(config, self.graph.stage(handle.stage))
-            handle.pid = handle.process.pid
-        else:
-            from omni.kernel.actor import Actor
-
-            keep_multicast_off()  # the stage runs in this process
-            handle.actor = Actor(self.graph, handle.stage, handle.replica, self.run_dir, self.instance)
-            handle.task = asyncio.create_task(handle.actor.run(), name=f"omni-{handle.name}")
-            handle.pid = os.getpid()
+        config = {"graph": self.graph.to_dict(), "stage": handle.stage, "replica": handle.replica,
+                  "run_dir": self.run_dir, "instance": self.instance, "parent_pid": os.getpid(),
+                  "log_level": self.log_level, "env": self.env,
+                  "stage_kinds": STAGES.entries_for([s.kind for s in self.graph.stages])}
+        handle.process = self.host.spawn(config, self.graph.stage(handle.stage))
+        handle.pid = handle.process.pid
 
     def _announce(self, handle: ActorHandle) -> None:
         """Tell every other replica that `handle` (re)started and where it listens; across hosts, tell it
@@ -206,17 +188,11 @@ class Supervisor:
         handle.state = ActorState.STOPPED
         if handle.process is not None:
             await handle.process.stop(timeout_s)
-        elif handle.task is not None:
-            handle.actor.stop()
-            try:
-                await asyncio.wait_for(handle.task, timeout_s)
-            except (asyncio.TimeoutError, asyncio.CancelledError, Exception):
-                handle.task.cancel()
 
     def _release(self, handle: ActorHandle) -> None:
-        """Unlink the shm the replica owned (and its process's channel files)."""
+        """Unlink the shm the replica owned (and its process's channel files: none inline, the kernel's own)."""
         release_leftovers(self.graph, shm_owner(self.instance, handle.stage, handle.replica),
-                          handle.pid if handle.process is not None else 0)
+                          handle.pid if handle.process is not None and self.mode == "process" else 0)
 
     async def _watch(self) -> None:
         while True:

@@ -1,7 +1,9 @@
-"""Entry point of a stage process (`python -m omni.kernel.proc`, config as JSON on stdin).
+"""Entry point of a stage process (`python -m omni.cluster.proc`, config as JSON on stdin).
 
-A fresh interpreter per replica (spawn semantics): uvloop, one Actor, clean exit on any end. Its
-host starts it: on this machine (omni/cluster/local.py) or on a Ray node (omni/cluster/ray_host.py).
+A fresh interpreter per replica (spawn semantics): uvloop, one Actor, clean exit on any end. It lives
+with the hosts that start it, on this machine (local.py) or on a Ray node (ray_host.py), not in the
+kernel: the kernel only runs the Actor it builds; the process around it (parent watch, signals,
+logging, environment, heap census) is the host's business.
 
 The process watches its parent: if the kernel dies (even by SIGKILL) the actor shuts down,
 which unlinks its shm arena and socket, so a crash of the parent leaves nothing behind.
