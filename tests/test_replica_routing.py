@@ -168,3 +168,56 @@ def test_many_concurrent_requests_split_evenly_and_release_every_slot():
     replicas, stats = asyncio.run(asyncio.wait_for(main(), 30))
     assert replicas.count(0) == replicas.count(1) == 20
     assert stats["kernel"]["in_flight"] == 0
+
+
+# ---- through /v1/realtime: the demo with two generator replicas -------------------------------------
+
+def realtime(server):
+    import openai
+
+    client = openai.AsyncOpenAI(api_key="unused", base_url=server.url + "/v1", max_retries=0,
+                                websocket_base_url=server.url.replace("http://", "ws://") + "/v1")
+    return client.beta.realtime.connect(model=server.info.id)
+
+
+async def answer(conn) -> None:
+    await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                              "content": [{"type": "input_text", "text": "hi"}]})
+    await conn.response.create(response={"modalities": ["text"]})
+    async for event in conn:
+        assert event.type != "error", event.error
+        if event.type == "response.done":
+            assert event.response.status in ("completed", "incomplete")
+            return
+
+
+def test_a_realtime_sessions_turns_stay_on_one_generator_replica():
+    """Two sessions land on the two generator replicas; with a long request making session a's replica the
+    busier one, a's next turn still goes there (its prefix cache), b's to its own."""
+    pytest.importorskip("websockets")
+    from test_api_support import LiveServer
+
+    with LiveServer(mode="inline", stage_args={"generator": {"step_delay_s": 0.005}},
+                    spec_changes={"generator": {"replicas": 2}}) as srv:
+        kernel = srv.kernel
+
+        async def start_long() -> str:
+            kernel.submit({"prompt": "go on", "max_tokens": 1 << 20, "modalities": ["text"]}, rid="long")
+            return kernel.balancer.replica("long", "generator")
+
+        async def go():
+            async with realtime(srv) as a, realtime(srv) as b:
+                ids = [(await a.recv()).session.id, (await b.recv()).session.id]
+                await answer(a)  # every replica idle: generator.0
+                await answer(b)  # idle again: the one no session is bound to, generator.1
+                assert srv.run(start_long()) == "generator.0"  # load and sessions tie: the lowest index
+                for _ in range(2):
+                    await answer(a)  # generator.0, though it is the busier
+                    await answer(b)
+                srv.run(kernel.cancel("long"))
+                return ids
+
+        ids = asyncio.run(asyncio.wait_for(go(), 60))
+        stats = srv.run(kernel.stats())
+        assert [kernel.balancer.session_of(i) for i in ids] == [{"generator": 0}, {"generator": 1}]
+        assert stats["generator.0"]["completed"] == stats["generator.1"]["completed"] == 3
