@@ -58,7 +58,7 @@ class Actor:
         self._links: dict[tuple[int, str], _Link] = {}  # (edge id, consumer replica) -> its link
         self._credit_event = asyncio.Event()
         self._wake = asyncio.Event()
-        self._opened: dict[str, set[str]] = {}  # rid -> the stages it skips, for the requests open here
+        self._opened: dict[str, m.RequestOpen] = {}  # rid -> its Open (skip list, replicas), while open here
         self._final_buffers: dict[tuple[str, int], list[dict[str, Any]]] = {}  # (rid, edge id) -> data
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"compute-{self.name}")
         self._stopping = asyncio.Event()
@@ -113,15 +113,15 @@ class Actor:
             case m.RequestOpen():
                 if self.driver.is_dead(msg.rid) or msg.rid in self._opened:
                     return
-                self._opened[msg.rid] = set(msg.skip)
+                self._opened[msg.rid] = msg
                 params = {**msg.params, "sampling": msg.sampling}  # the stage reads its own by name
                 self.driver.post(Open(msg.rid, params, inputs_expected(self.graph, self.spec.name, msg.skip)))
                 for dst in {e.dst for e in self._edges_of(msg.rid).values()} - {OUT}:
-                    self.outbox.send(replica_of(self.graph, dst, msg.rid), self._open_for(dst, msg))
+                    self.outbox.send(replica_of(dst, msg.replicas), self._open_for(dst, msg))
             case m.RequestChunk():
                 data, tokens = self.readers.read(msg, frames)
                 edge = self.graph.edges[msg.edge]
-                producer = replica_of(self.graph, edge.src, msg.rid)
+                producer = actor_name(edge.src, msg.src)
                 for rid, part, last in split_rows(msg.rid, msg.rows, data):  # the slots' credit with the last
                     self.driver.post(Chunk(rid, edge.dst_port, part, msg.edge, producer if last else "",
                                            tokens if last else []))
@@ -148,7 +148,8 @@ class Actor:
         """The Open `dst` gets: without the request's media unless it takes them."""
         if self.graph.takes_media(dst) or not (media := set(self.graph.media) & msg.params.keys()):
             return msg
-        return m.RequestOpen(msg.rid, {k: v for k, v in msg.params.items() if k not in media}, msg.skip, msg.sampling)
+        return m.RequestOpen(msg.rid, {k: v for k, v in msg.params.items() if k not in media}, msg.skip, msg.sampling,
+                             msg.replicas)
 
     # ---- credits and payload slots ----------------------------------------------------------
 
@@ -189,7 +190,8 @@ class Actor:
     # ---- outbound ---------------------------------------------------------------------------
 
     def _peer(self, edge: EdgeSpec, rid: str) -> str:
-        return KERNEL if edge.dst == OUT else replica_of(self.graph, edge.dst, rid)
+        opened = self._opened.get(rid)  # None: it ended here while its last sends waited (a dropped send)
+        return KERNEL if edge.dst == OUT else replica_of(edge.dst, opened.replicas if opened else {})
 
     async def _send_chunk(self, edge_id: int, rids: list[str], data: dict[str, Any]) -> None:
         """One message: a chunk of rids[0], or (more rids) the batch whose row i is rids[i]'s."""
@@ -214,7 +216,7 @@ class Actor:
             self._free_slots(payloads)
             raise
         batch = rids if len(rids) > 1 else []
-        if not self.outbox.send(peer, m.RequestChunk(rids[0], edge_id, meta, payloads, batch), frames):
+        if not self.outbox.send(peer, m.RequestChunk(rids[0], edge_id, meta, payloads, batch, self.replica), frames):
             return self._free_slots(payloads)  # the consumer is gone; the supervisor fails the request
         link.credits -= 1
         link.outstanding.extend(t for t in map(self.readers.token, payloads) if t is not None)
@@ -277,7 +279,7 @@ class Actor:
 
     def _edges_of(self, rid: str) -> dict[int, EdgeSpec]:
         """The outgoing edges this request uses (none into a stage it skips)."""
-        skip = self._opened.get(rid)
+        skip = self._opened[rid].skip if rid in self._opened else None
         return {i: e for i, e in self.out_edges.items() if e.dst not in skip} if skip else self.out_edges
 
     def _forget(self, rid: str) -> None:

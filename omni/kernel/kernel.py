@@ -27,11 +27,12 @@ from typing import Any
 from omni.kernel import messages as m
 from omni.kernel.bus import Mailbox, Outbox
 from omni.kernel.errors import (DeadlineExceeded, GraphError, KernelClosed, OmniError, Overloaded, RequestCancelled,
-                                StageDown, StageFailed, StageStartError, error_from_kind)
+                                StageFailed, StageStartError, error_from_kind)
 from omni.kernel.graph import Graph
 from omni.kernel.requests import InflightRequest, OutputEvent, RequestStream
 from omni.kernel.routing import Router, replica_of
 from omni.cluster.addresses import bind_to, endpoint
+from omni.cluster.balancer import Balancer
 from omni.kernel.rundir import KERNEL, actor_name, make_run_dir, new_instance_id, shm_owner
 from omni.kernel.supervisor import ActorHandle, ActorState, Supervisor
 from omni.sampling import split_sampling
@@ -50,6 +51,7 @@ class Kernel:
         self.supervisor = Supervisor(graph, mode, self.instance, self._on_replica_death, heartbeat_timeout_s,
                                      log_level, env or {}, host)
         self._inflight: dict[str, InflightRequest] = {}
+        self.balancer = Balancer(graph, lambda name: self.supervisor.handles[name].state is ActorState.UP)
         self._readers = Readers()
         self._queries: dict[int, dict[str, Any]] = {}
         self._query_ids = itertools.count()
@@ -114,15 +116,12 @@ class Kernel:
         except Exception as exc:  # a family's `needs` that cannot read these params: use every stage
             log.warning("routing failed (%s: %s); the request uses every stage", type(exc).__name__, exc)
             route = Router.everything(self.graph)
-        down = [name for name in (replica_of(self.graph, stage, rid) for stage in route.stages)
-                if self.supervisor.handles[name].state is not ActorState.UP]
-        if down:  # only the stages this request uses matter: one that skips a down stage is served
-            raise StageDown(f"stage(s) not serving: {', '.join(down)}")
+        placed = self.balancer.place(rid, route.stages, params)  # StageDown if one it uses has no replica up
         request = self._inflight[rid] = InflightRequest(rid, route.exits, set(route.stages))
         if deadline_s is not None:
             request.deadline_handle = asyncio.get_running_loop().call_later(deadline_s, self._expire, rid, deadline_s)
-        entry = replica_of(self.graph, self.graph.entry, rid)
-        if not (self._send(entry, m.RequestOpen(rid, params, route.skip, sampling))
+        entry = replica_of(self.graph.entry, placed)
+        if not (self._send(entry, m.RequestOpen(rid, params, route.skip, sampling, placed))
                 and self._send(entry, m.RequestEnd(rid, ENTRY_EDGE))):
             self._finish(rid, StageFailed(f"stage {entry} is not reachable"))
         return RequestStream(request, self.cancel)
@@ -140,6 +139,7 @@ class Kernel:
         if (request := self._inflight.pop(rid, None)) is None:
             return
         request.end(error)
+        self.balancer.done(rid)
         if error is not None:
             for handle in self.supervisor.handles.values():
                 if handle.state not in (ActorState.DOWN, ActorState.STOPPED):
@@ -149,7 +149,7 @@ class Kernel:
         """A replica died: fail the requests that hold state in its stage or still have to pass
         through it, on that replica; returns their ids."""
         victims = [rid for rid, request in self._inflight.items()
-                   if handle.stage in request.holders and replica_of(self.graph, handle.stage, rid) == handle.name]
+                   if handle.stage in request.holders and self.balancer.replica(rid, handle.stage) == handle.name]
         for rid in victims:
             self._finish(rid, StageFailed(f"stage {handle.name} died ({reason}) while serving request {rid}"))
         return victims
@@ -167,6 +167,7 @@ class Kernel:
             case m.RequestLeft():
                 if (request := self._inflight.get(msg.rid)) is not None:
                     request.holders.discard(msg.stage)
+                    self.balancer.left(msg.rid, msg.stage)
             case m.RequestError():
                 self._finish(msg.rid, error_from_kind(msg.kind, f"stage {msg.stage}: {msg.message}"))
             case m.ActorReady() | m.ActorFailed() | m.ActorHeartbeat():
@@ -184,7 +185,7 @@ class Kernel:
             data[desc.name] = view.clone() if hasattr(view, "clone") else view.copy()
         edge = self.graph.edges[msg.edge]
         if tokens:  # exit edges have no credit limit; only payload slots need returning
-            self._send(replica_of(self.graph, edge.src, msg.rid), m.EdgeCredit(msg.edge, KERNEL, tokens))
+            self._send(actor_name(edge.src, msg.src), m.EdgeCredit(msg.edge, KERNEL, tokens))
         if (request := self._inflight.get(msg.rid)) is not None:
             request.queue.put_nowait(OutputEvent(msg.rid, edge.src, edge.port, data))
 

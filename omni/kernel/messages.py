@@ -38,6 +38,7 @@ class RequestOpen(Msg, gc=False):
     params: dict[str, Any] = {}
     skip: list[str] = []  # stages this request never enters (routing.py): no edge into them opens
     sampling: dict[str, Sampling] = {}
+    replicas: dict[str, int] = {}  # stage -> the replica serving the request there (routing.py); absent: 0
 
 
 class RequestChunk(Msg, gc=False):
@@ -48,6 +49,7 @@ class RequestChunk(Msg, gc=False):
     meta: dict[str, Any] = {}
     payloads: list[PayloadDesc] = []
     rows: list[str] = []
+    src: int = 0  # the sending replica of the edge's source stage: the credit goes back to it
 
 
 class RequestEnd(Msg, gc=False):

@@ -7,11 +7,15 @@ needs. The graph's `needs` ("module:function", params -> the capability names th
 decides per request; without one every stage is needed. A stage whose every input comes from
 skipped stages is skipped too. The skip list rides in each RequestOpen, so actors open, feed and
 end only the edges into stages the request uses, and count only the inputs it will get.
+
+Which replica of a stage serves a request the kernel decides when it opens (omni/cluster/balancer.py:
+least-loaded, with session affinity); the choice rides in RequestOpen.replicas (stage -> replica, a stage
+of one replica left out), so every actor sends the request's Opens, chunks and ends to that replica for
+its whole life; a chunk names its sender's replica (RequestChunk.src), whom its credit goes back to.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,17 +25,14 @@ from omni.kernel.registry import resolve
 from omni.kernel.rundir import actor_name
 
 
-def replica_of(graph: Graph, stage: str, rid: str) -> str:
-    """The actor serving `rid` in `stage`: a request keeps one replica per stage, stable, with no
-    coordination needed."""
-    replicas = graph.stage(stage).replicas
-    return actor_name(stage, zlib.crc32(rid.encode()) % replicas if replicas > 1 else 0)
+def replica_of(stage: str, placed: dict[str, int]) -> str:
+    """The actor serving a request in `stage`, by its placement (RequestOpen.replicas)."""
+    return actor_name(stage, placed.get(stage, 0))
 
 
 def inputs_expected(graph: Graph, stage: str, skip: list[str]) -> int:
     """How many inbound edges of `stage` a request with this skip list ends (the entry's: 1, from $in)."""
-    inputs = graph.incoming(stage).values()
-    return sum(1 for e in inputs if e.src not in skip) if inputs else 1
+    return sum(1 for e in inputs if e.src not in skip) if (inputs := graph.incoming(stage).values()) else 1
 
 
 @dataclass
@@ -54,9 +55,8 @@ class Router:
     def capabilities(self) -> dict[str, list[str]]:
         """Capability name -> the stages that serve it (core stages are in none)."""
         out: dict[str, list[str]] = {}
-        for spec in self.graph.stages:
-            if spec.capability:
-                out.setdefault(spec.capability, []).append(spec.name)
+        for spec in (s for s in self.graph.stages if s.capability):
+            out.setdefault(spec.capability, []).append(spec.name)
         return out
 
     def route(self, params: dict[str, Any]) -> Route:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from omni.api.media import audio_part
 from omni.api.realtime.audio_buffer import InputAudio
 from omni.api.realtime.vad import VAD_RATE
+from omni.cluster.balancer import SESSION
 
 if TYPE_CHECKING:
     from omni.api.state import ServerState
@@ -27,8 +28,8 @@ TASK = "encode"
 
 
 class AudioPrefetch:
-    def __init__(self, state: ServerState, window: dict) -> None:
-        self.kernel = state.kernel
+    def __init__(self, state: ServerState, window: dict, session: str = "") -> None:
+        self.kernel, self.session = state.kernel, session  # its encodes go where the session's turns go
         self.samples, self.lead = int(window["samples"]), int(window["lead"])
         self.start = -1  # the buffer start the windows below were sent for
         self.windows = 0  # complete windows sent for it
@@ -36,9 +37,9 @@ class AudioPrefetch:
         self.sent = 0  # encode requests made (for tests and figures)
 
     @classmethod
-    def of(cls, state: ServerState, hears: bool) -> AudioPrefetch | None:
+    def of(cls, state: ServerState, hears: bool, session: str = "") -> AudioPrefetch | None:
         window = state.info.audio_window
-        return cls(state, window) if hears and isinstance(window, dict) else None
+        return cls(state, window, session) if hears and isinstance(window, dict) else None
 
     def offer(self, audio: InputAudio) -> None:
         """After an append, while the turn is spoken: send the turn so far if it completes a window
@@ -55,7 +56,8 @@ class AudioPrefetch:
         while (complete := self._complete(audio)) > self.windows:
             self.windows = complete
             self.sent += 1
-            params = {"task": TASK, "audio": audio_part(audio.peek(), VAD_RATE), "modalities": ["text"]}
+            params = {"task": TASK, "audio": audio_part(audio.peek(), VAD_RATE), "modalities": ["text"],
+                      SESSION: self.session}
             try:
                 await self.kernel.submit(params).collect()
             except Exception as exc:  # the turn's own request encodes what this did not

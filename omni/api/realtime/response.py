@@ -24,6 +24,7 @@ from omni.api.prompt_bounds import check_prompt_chars
 from omni.api.realtime.config import SessionConfig, ga_modalities
 from omni.api.realtime.conversation import Item, Part, new_id
 from omni.api.realtime.vad import VAD_RATE
+from omni.cluster.balancer import SESSION
 
 if TYPE_CHECKING:
     from omni.api.state import ServerState
@@ -67,6 +68,7 @@ class Response:
     started: float = field(default_factory=time.perf_counter)
     announced: bool = False  # its item was added to the conversation
     first_audio_s: float | None = None  # from response.create (or the end of the turn) to the first audio
+    session: str = ""  # the socket's session id: every turn goes to the replicas its session used (balancer.py)
 
     @property
     def speaks(self) -> bool:
@@ -101,7 +103,8 @@ class Response:
         base = {k: v for k, v in base.items() if v is not None}
         extra = config.stage_sampling
         return {"task": "chat", "messages": messages, "modalities": list(config.modalities),
-                "voice": config.voice if self.speaks else None, "sampling": stage_sampling(self.state, base, extra)}
+                "voice": config.voice if self.speaks else None, "sampling": stage_sampling(self.state, base, extra),
+                SESSION: self.session}
 
     async def run(self, messages: Callable[[], Awaitable[list[dict]]], add_item: Callable[[Item], Awaitable[None]]
                   ) -> None:

@@ -58,7 +58,7 @@ class RealtimeSession:
         self.task: asyncio.Task | None = None
         self.transcripts = Transcripts(state, send)
         self.hears = hears(state)
-        self.prefetch = AudioPrefetch.of(state, self.hears)  # the turn's audio encoded while spoken
+        self.prefetch = AudioPrefetch.of(state, self.hears, self.id)  # the turn's audio encoded while spoken
 
     async def start(self) -> None:
         await self._reset_detector()
@@ -264,7 +264,7 @@ class RealtimeSession:
         await self._start_response(ResponseOptions.parse(self.state, self.config, event.get("response")))
 
     async def _start_response(self, options: ResponseOptions) -> None:
-        response = Response(self.state, options, self.send, self.beta)
+        response = Response(self.state, options, self.send, self.beta, session=self.id)
         self.response = response
         self.task = asyncio.create_task(self._run(response))
 
