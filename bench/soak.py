@@ -6,13 +6,14 @@ then `--clients` closed-loop clients cycle through the request kinds of `--mix`:
 with audio in, chat with speech out (bench/serve.py's streamed request), transcriptions, a
 Realtime text turn answered in speech. Every `--sample-s` the RSS and fd count of omnid and each
 stage process are read (psutil when installed, else /proc). `--census` sets $OMNI_CENSUS_DIR
-and sends every stage SIGUSR1 after the first minute and at the end (omni/census.py: objects by
+and sends every stage and omnid itself SIGUSR1 after the first minute (then every `--census-every`
+seconds, when set) and at the end (omni/census.py: objects by
 type, torch tensors, glibc heap in use vs taken, RSS after malloc_trim): the difference says leak
 (objects / tensors / heap in use grow) or allocator high-water (only RSS grows, the trim gives it
 back).
 
 Run:  python bench/soak.py [--duration 600] [--clients 4] [--mix text,audio_in,speech,transcribe,realtime]
-          [--census] [--model DIR] [--url URL] [--out bench/results/soak.json]
+          [--census [--census-every S]] [--model DIR] [--url URL] [--out bench/results/soak.json]
 """
 
 from __future__ import annotations
@@ -158,7 +159,8 @@ def census_change(directory: Path) -> dict[str, Any]:
     for path in sorted(directory.glob("*.json"), key=lambda p: int(p.stem.rsplit("-", 1)[1])):
         by_stage.setdefault(path.stem.rsplit("-", 1)[0], []).append(json.loads(path.read_text()))  # name-pid
     out = {}
-    for stage, (first, *_, last) in ((s, c) for s, c in by_stage.items() if len(c) >= 2):
+    for stage, censuses in ((s, c) for s, c in by_stage.items() if len(c) >= 2):
+        first, last = censuses[0], censuses[-1]
         types_first, types_last = dict(first["top_types"]), dict(last["top_types"])
         grown = sorted(((t, n - types_first.get(t, 0)) for t, n in types_last.items()), key=lambda x: -x[1])[:8]
         heap = lambda c, k: (c["heap"] or {}).get(k, 0) / 2**20  # noqa: E731
@@ -170,7 +172,12 @@ def census_change(directory: Path) -> dict[str, Any]:
                       "heap_from_os_mb": [round(heap(first, "from_os_bytes"), 1), round(heap(last, "from_os_bytes"), 1)],
                       "tensors": [tensors(first, "count"), tensors(last, "count")],
                       "tensor_mb": [round(tensors(c, "storage_bytes") / 2**20, 1) for c in (first, last)],
-                      "types_grown": grown}
+                      "types_grown": grown,
+                      # every census in order: a plateau (warm-up caches) or a steady climb (a leak)
+                      "series": [{"t": round(c["time"] - first["time"], 1), "rss_mb": round(c["rss_bytes"] / 2**20, 1),
+                                  "rss_mb_after_trim": round((c["rss_after_trim_bytes"] or 0) / 2**20, 1),
+                                  "gc_objects": c["gc_objects"], "heap_in_use_mb": round(heap(c, "in_use_bytes"), 1),
+                                  "tensors": tensors(c, "count")} for c in censuses]}
     return out
 
 
@@ -183,14 +190,17 @@ async def soak(url: str, args, pids: dict[str, int], census_dir: Path | None) ->
     t0 = time.monotonic()
     end = t0 + args.duration
 
+    rounds = [0]
+
     async def sample() -> None:
-        censused = False
+        next_census = args.census_at
         while time.monotonic() < end:
             procs = {name: f for name, pid in pids.items() if (f := process_figures(pid)) is not None}
             samples.append({"t": round(time.monotonic() - t0, 1), "procs": procs})
-            if census_dir is not None and not censused and time.monotonic() - t0 >= args.census_at:
+            if census_dir is not None and next_census is not None and time.monotonic() - t0 >= next_census:
                 census(pids)
-                censused = True
+                rounds[0] += 1
+                next_census = next_census + args.census_every if args.census_every else None
             await asyncio.sleep(args.sample_s)
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=180)) as http:
@@ -210,7 +220,8 @@ async def soak(url: str, args, pids: dict[str, int], census_dir: Path | None) ->
         await asyncio.gather(sample(), *(client(c) for c in range(args.clients)))
     if census_dir is not None:
         census(pids)
-        await census_written(census_dir, len(pids) - ("omnid" in pids), 2)
+        rounds[0] += 1
+        await census_written(census_dir, len(pids), rounds[0])
     return {"requests": counts, "samples": samples, "processes": minute_figures(samples, time.monotonic() - t0),
             "census": census_change(census_dir) if census_dir is not None else None}
 
@@ -223,12 +234,12 @@ async def census_written(directory: Path, stages: int, rounds: int, timeout_s: f
 
 
 def census(pids: dict[str, int]) -> None:
-    for name, pid in pids.items():
-        if name != "omnid":
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
+    """SIGUSR1 to every stage and to omnid itself: each writes its census (omni/census.py)."""
+    for pid in pids.values():
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
 
 
 def table(report: dict[str, Any]) -> str:
@@ -268,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS / fd samples")
     p.add_argument("--census", action="store_true", help="heap / tensor census of every stage (omni/census.py)")
     p.add_argument("--census-at", type=float, default=MINUTE, help="seconds into the soak of the first census")
+    p.add_argument("--census-every", type=float, default=0.0,
+                   help="seconds between further censuses (0: only the first and the last)")
     p.add_argument("--model", default=None, help="checkpoint dir (default: omnid's embedded tiny model)")
     p.add_argument("--url", default=None, help="soak a running server (its stage PIDs from /metrics)")
     p.add_argument("--served-model", default=None, help="model name to request (default: the first listed)")

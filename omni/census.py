@@ -166,6 +166,8 @@ def install_if_asked(loop, name: str) -> None:
         count[0] += 1
         path = Path(directory) / f"{name}-{os.getpid()}-{count[0]}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(snapshot()))
+        partial = path.with_name(path.name + ".partial")  # whole or absent for a reader (bench/soak.py)
+        partial.write_text(json.dumps(snapshot()))
+        os.replace(partial, path)
 
     loop.add_signal_handler(signal.SIGUSR1, dump)

@@ -35,3 +35,55 @@ def test_the_soak_reports_first_and_last_minute_per_process():
     figures = minute_figures(samples, 600)["thinker.0"]
     assert figures["rss_mb_first_min"] == 100 and figures["rss_mb_last_min"] == 190
     assert figures["rss_mb_change"] == 90 and figures["fds_last_min"] == 30
+
+
+def _census_file(directory: Path, name: str, pid: int, n: int, rss_mb: float, objects: int) -> None:
+    import json
+
+    body = {"time": 1000.0 + 60 * n, "pid": pid, "rss_bytes": int(rss_mb * 2**20), "gc_objects": objects,
+            "top_types": [["dict", objects // 2]], "tensors": None,
+            "heap": {"in_use_bytes": 50 * 2**20, "from_os_bytes": 60 * 2**20}, "rss_after_trim_bytes": int(rss_mb * 2**20)}
+    (directory / f"{name}-{pid}-{n}.json").write_text(json.dumps(body))
+
+
+def test_the_census_change_keeps_every_census_in_order(tmp_path):
+    from soak import census_change
+
+    for n in range(1, 12):  # 11 censuses: the 10th and 11th sort after the 9th
+        _census_file(tmp_path, "omnid", 7, n, 200 + min(n, 4), 1000 + 10 * n)
+    change = census_change(tmp_path)["omnid-7"]
+    assert [s["t"] for s in change["series"]] == [60.0 * i for i in range(11)]
+    assert change["rss_mb"] == [201.0, 204.0] and change["gc_objects"] == [1010, 1110]
+    assert [s["rss_mb"] for s in change["series"]][3:] == [204.0] * 8  # the plateau shows
+
+
+def test_omnid_writes_its_own_census_at_sigusr1(tmp_path, monkeypatch):
+    """bench/soak.py --census sends omnid SIGUSR1 too: it writes its census like a stage and serves on."""
+    import json
+    import os
+    import signal
+    import time
+
+    import requests
+
+    from test_api_cli import omnid, read_until_listening
+
+    monkeypatch.setenv("OMNI_CENSUS_DIR", str(tmp_path))
+    proc = omnid("serve", "--model", "demo", "--port", "0")
+    try:
+        url, _ = read_until_listening(proc)
+        os.kill(proc.pid, signal.SIGUSR1)
+        path = tmp_path / f"omnid-{proc.pid}-1.json"
+        deadline = time.monotonic() + 30
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        body = json.loads(path.read_text())
+        assert body["pid"] == proc.pid and body["rss_bytes"] > 0 and body["gc_objects"] > 1000
+        assert body["heap"] is None or body["heap"]["in_use_bytes"] > 0
+        assert requests.get(url + "/health", timeout=10).status_code == 200  # serving on
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
