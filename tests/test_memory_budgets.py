@@ -148,3 +148,54 @@ def test_an_upload_past_the_uploads_budget_is_refused_before_it_is_read(server):
         "model": "omni-demo", "messages": [{"role": "user", "content": "hi"}],
         "stage_sampling": {"generator": {"max_tokens": 2}}})
     assert ok.status_code == 200 and server.state().budgets["uploads"].used == 0
+
+
+def test_a_memory_budget_flag_sets_one_and_the_others_keep_the_machine_defaults():
+    from omni.api.cli import CliError, memory_budgets
+
+    assert memory_budgets(["realtime_audio=512", "output=1.5"]) == {
+        **default_limits(), "realtime_audio": 512 << 20, "output": int(1.5 * (1 << 20))}
+    for bad in ("voice_cache=5", "uploads", "uploads=abc", "uploads=0", "uploads=-3", "uploads=nan", "uploads=inf"):
+        with pytest.raises(CliError) as err:
+            memory_budgets([bad])
+        assert "--memory-budget-mb" in str(err.value) and "\n" not in str(err.value), bad
+
+
+def test_the_default_shares_are_the_ones_readme_and_help_document():
+    """README and --help say each default as a share of the machine's memory: they are the code's."""
+    from fractions import Fraction
+    from pathlib import Path
+
+    from omni.api.budgets import DEFAULT_SHARES
+    from omni.api.cli import build_parser
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    section = readme[readme.index("**Memory budgets in total**"):][:1500]
+    for name, share in DEFAULT_SHARES.items():
+        found = re.search(rf"\(`{name}`, (?:default )?1/(\d+)", section)
+        assert found and Fraction(1, int(found.group(1))) == Fraction(share).limit_denominator(1000), name
+    import argparse
+
+    parsers, actions = [build_parser()], []
+    while parsers:
+        for action in parsers.pop()._actions:
+            actions.append(action)
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+    help_text = " ".join(next(a.help for a in actions if a.dest == "memory_budgets").split())
+    shares = re.search(r"default: ([\d/, and]+) of this machine", help_text).group(1)
+    documented = [Fraction(1, int(d)) for d in re.findall(r"1/(\d+)", shares)]
+    assert documented == [Fraction(s).limit_denominator(1000) for s in DEFAULT_SHARES.values()]
+    assert re.search(r"resource: " + ", ".join(DEFAULT_SHARES), help_text)
+
+
+def test_metrics_report_every_budget_by_resource(server):
+    from omni.api.budgets import RESOURCES
+
+    state = server.state()
+    for resource in RESOURCES:
+        assert _metric(server.url, "omni_memory_budget_limit_bytes", resource) == state.budgets[resource].limit
+        assert _metric(server.url, "omni_memory_budget_used_bytes", resource) == state.budgets[resource].used
+        assert _metric(server.url, "omni_memory_budget_peak_bytes", resource) >= 0
+        assert _metric(server.url, "omni_memory_budget_refusals_total", resource) >= 0
+    assert state.budgets["voice_cache"].limit == state.config.voice_cache_bytes

@@ -314,9 +314,12 @@ def memory_budgets(flags: list[str]) -> dict[str, int]:
             raise CliError(f"--memory-budget-mb takes RESOURCE=MB with RESOURCE one of {', '.join(DEFAULT_SHARES)}, "
                            f"not {flag!r}")
         try:
-            limits[name.strip()] = int(float(value) * (1 << 20))
+            mb = float(value)
         except ValueError:
-            raise CliError(f"--memory-budget-mb {flag!r}: {value!r} is not a number of MB") from None
+            mb = float("nan")
+        if not mb > 0 or mb == float("inf"):  # nan and inf too: a budget of 0 would refuse every client
+            raise CliError(f"--memory-budget-mb {flag!r}: {value!r} is not a positive number of MB")
+        limits[name.strip()] = int(mb * (1 << 20))
     return limits
 
 
