@@ -1,5 +1,6 @@
 """Names and small inputs (issue 25, point 6): one name rule with no trailing newline or control
-characters, odd pcm16 byte counts refused, no object reprs in image errors."""
+characters (voice names, Realtime item ids), odd pcm16 byte counts refused (unit and over a
+Realtime socket), no object reprs in image errors, the voice cache trimmed at start-up."""
 
 from __future__ import annotations
 
@@ -24,11 +25,79 @@ def test_a_plain_voice_name_is_taken():
     check_name("alice-2.v1")
 
 
+CONTROL = [chr(c) for c in (*range(32), 127)]
+
+
+def test_the_name_rule_refuses_every_control_character_anywhere():
+    from omni.api.names import is_name
+
+    for c in CONTROL:
+        assert not any(is_name(n) for n in (f"abc{c}", f"{c}abc", f"a{c}c")), repr(c)
+    assert not is_name("a" * 65) and is_name("a" * 64) and not is_name("a b") and not is_name(None)
+
+
+@pytest.mark.parametrize("bad", ["abc\n", "item 1", "a\x00", "", "-x", "x" * 65, 7])
+def test_a_realtime_item_id_follows_the_name_rule(bad):
+    from omni.api.realtime.conversation import item_from_event
+
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}], "id": bad}
+    if bad == "":  # no id: the server makes one
+        assert item_from_event(item, None).id.startswith("item_")
+        return
+    with pytest.raises(ApiError) as err:
+        item_from_event(item, None)
+    assert err.value.status == 400 and err.value.param == "item.id" and err.value.code == "invalid_value"
+
+
+def test_a_clients_own_item_id_is_kept():
+    from omni.api.realtime.conversation import item_from_event
+
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}],
+            "id": "msg_001.a-B"}
+    assert item_from_event(item, None).id == "msg_001.a-B"
+
+
 def test_an_odd_pcm16_byte_count_is_refused():
     with pytest.raises(ApiError) as err:
         pcm16_to_float(b"\x00\x01\x02")
     assert err.value.status == 400 and "3 bytes" in str(err.value)
     assert len(pcm16_to_float(b"\x00\x01\x02\x03")) == 2
+
+
+def test_a_realtime_socket_refuses_odd_pcm16_and_a_bad_item_id_and_keeps_nothing():
+    import asyncio
+
+    import aiohttp
+
+    from omni.api.state import ServerConfig
+    from test_api_support import LiveServer
+
+    odd = base64.b64encode(b"\x00\x01" * 100 + b"\x02").decode()
+
+    async def go(url):
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(url.replace("http://", "ws://") + "/v1/realtime") as ws:
+                assert (await ws.receive_json(timeout=10))["type"] == "session.created"
+                await ws.send_json({"type": "session.update", "session": {"turn_detection": None}})
+                assert (await ws.receive_json(timeout=10))["type"] == "session.updated"
+                await ws.send_json({"type": "input_audio_buffer.append", "audio": odd})
+                appended = await ws.receive_json(timeout=10)
+                await ws.send_json({"type": "conversation.item.create", "item": {
+                    "type": "message", "role": "user", "id": "mine\n",
+                    "content": [{"type": "input_text", "text": "hi"}]}})
+                bad_id = await ws.receive_json(timeout=10)
+                await ws.send_json({"type": "input_audio_buffer.commit"})
+                committed = await ws.receive_json(timeout=10)
+                return appended, bad_id, committed
+
+    with LiveServer(mode="inline", config=ServerConfig(port=0)) as server:
+        appended, bad_id, committed = asyncio.run(asyncio.wait_for(go(server.url), 30))
+        assert appended["type"] == "error" and appended["error"]["code"] == "invalid_audio", appended
+        assert "201 bytes" in appended["error"]["message"]
+        assert bad_id["type"] == "error" and bad_id["error"]["param"] == "item.id", bad_id
+        # nothing of the odd append was kept: the buffer is empty, so a commit is refused
+        assert committed["type"] == "error" and committed["error"]["code"] == "input_audio_buffer_commit_empty", committed
+        assert server.state().budgets["realtime_audio"].used == 0
 
 
 def test_an_unreadable_image_error_names_no_object_address():
