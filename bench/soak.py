@@ -137,17 +137,24 @@ class Traffic:
 
 
 def minute_figures(samples: list[dict], duration: float) -> dict[str, Any]:
-    """Per process: mean RSS (MB) and fds in the first and the last minute, the peak, the change."""
+    """Per process: mean RSS (MB) and fds in the first and the last minute, the peak, the change;
+    and the second minute's RSS with the change from it: the first minute holds the idle server's
+    first sample and every first use (lazy imports, warm-up), so a process that only warmed up shows
+    a change from the first minute and none from the second (a leak shows both)."""
     out = {}
     names = sorted({name for s in samples for name in s["procs"]})
     for name in names:
         rows = [(s["t"], *s["procs"][name]) for s in samples if name in s["procs"]]
         first = [r for r in rows if r[0] < MINUTE] or rows[:1]
+        second = [r for r in rows if MINUTE <= r[0] < 2 * MINUTE]
         last = [r for r in rows if r[0] >= duration - MINUTE] or rows[-1:]
         mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
         out[name] = {"rss_mb_first_min": round(mean(first, 1) / 2**20, 1),
                      "rss_mb_last_min": round(mean(last, 1) / 2**20, 1),
                      "rss_mb_change": round((mean(last, 1) - mean(first, 1)) / 2**20, 1),
+                     "rss_mb_second_min": round(mean(second, 1) / 2**20, 1) if second else None,
+                     "rss_mb_change_from_second_min":
+                         round((mean(last, 1) - mean(second, 1)) / 2**20, 1) if second else None,
                      "rss_mb_peak": round(max(r[1] for r in rows) / 2**20, 1),
                      "fds_first_min": round(mean(first, 2), 1), "fds_last_min": round(mean(last, 2), 1)}
     return out
@@ -243,10 +250,12 @@ def census(pids: dict[str, int]) -> None:
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = ["| process | RSS first min (MB) | RSS last min (MB) | change | peak | fds first | fds last |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| process | RSS first min (MB) | RSS last min (MB) | change | 2nd min | change from 2nd | peak "
+             "| fds first | fds last |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, f in report["processes"].items():
+        second, from_second = f.get("rss_mb_second_min"), f.get("rss_mb_change_from_second_min")
         lines.append(f"| {name} | {f['rss_mb_first_min']} | {f['rss_mb_last_min']} | {f['rss_mb_change']:+} | "
+                     f"{'-' if second is None else second} | {'-' if from_second is None else f'{from_second:+}'} | "
                      f"{f['rss_mb_peak']} | {f['fds_first_min']:.0f} | {f['fds_last_min']:.0f} |")
     done = ", ".join(f"{k} {v['ok']}/{v['ok'] + v['failed']}" for k, v in report["requests"].items())
     return "\n".join(lines) + f"\n\nrequests ok/sent: {done}"

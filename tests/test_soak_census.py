@@ -35,6 +35,14 @@ def test_the_soak_reports_first_and_last_minute_per_process():
     figures = minute_figures(samples, 600)["thinker.0"]
     assert figures["rss_mb_first_min"] == 100 and figures["rss_mb_last_min"] == 190
     assert figures["rss_mb_change"] == 90 and figures["fds_last_min"] == 30
+    assert figures["rss_mb_second_min"] == 110 and figures["rss_mb_change_from_second_min"] == 80
+
+
+def test_a_process_that_only_warmed_up_shows_no_change_from_the_second_minute():
+    """omnid's case: idle at the first sample, warm after its first requests, flat from then on."""
+    samples = [{"t": t, "procs": {"omnid": ((60 if t == 0 else 262) * 2**20, 51)}} for t in range(0, 600, 5)]
+    figures = minute_figures(samples, 600)["omnid"]
+    assert figures["rss_mb_change"] > 15 and figures["rss_mb_change_from_second_min"] == 0
 
 
 def _census_file(directory: Path, name: str, pid: int, n: int, rss_mb: float, objects: int) -> None:
