@@ -168,3 +168,21 @@ def test_voices_of_an_earlier_checkpoint_of_the_model_are_removed_at_start_up(tm
     new = VoiceStore(tmp_path / "tiny-tts-fedcba9876543210")  # the same model id, changed files
     assert new.orphans_removed > 0 and not (tmp_path / "tiny-tts-0123456789abcdef").exists()
     assert [v.name for v in VoiceStore(tmp_path / "other-model-0123456789abcdef").list()] == ["theirs"]
+
+
+def test_no_error_a_client_sees_carries_an_object_repr():
+    """Whatever text a library or a stage puts in an exception, the client's message has no
+    `<... object at 0x...>`: HTTP bodies, SSE error events and Realtime error events alike."""
+    from omni.api.errors import as_api_error, from_kernel_error
+    from omni.api.realtime.response import error_event
+    from omni.kernel.errors import InvalidRequest, StageFailed
+
+    repr_text = "cannot identify image file <_io.BytesIO object at 0x7f3a2b1c9e50>"
+    errors = [ApiError(400, repr_text), from_kernel_error(InvalidRequest(f"stage preprocess.0: {repr_text}")),
+              from_kernel_error(StageFailed(f"thinker.0 died: <Thread(worker, started 0x7f00aa) at 0xDEADBEEF>")),
+              as_api_error(ApiError(413, repr_text, param="x"))]
+    for err in errors:
+        for text in (err.message, str(err), str(err.body()), str(error_event(err))):
+            assert " at 0x" not in text and "object at" not in text, text
+    assert errors[0].message == "cannot identify image file an object"
+    assert "died" in errors[2].message  # the rest of the message stays
