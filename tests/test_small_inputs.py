@@ -186,3 +186,26 @@ def test_no_error_a_client_sees_carries_an_object_repr():
             assert " at 0x" not in text and "object at" not in text, text
     assert errors[0].message == "cannot identify image file an object"
     assert "died" in errors[2].message  # the rest of the message stays
+
+
+def test_leftovers_in_the_voice_cache_are_removed_at_start_up_and_not_counted(tmp_path):
+    """A write cut off before its JSON, a temporary file, unreadable metadata and a voice stored
+    under a name the rule now refuses ("abc\\n", taken before the rule ended in \\Z): all removed
+    when the store opens; the budget counts only the voices served."""
+    import json
+
+    from omni.api.budgets import Budget
+    from omni.api.voices import VoiceStore
+
+    store = VoiceStore(tmp_path)
+    kept, newline = store.add("kept", _prompt(0), 1.0), store.add("abc", _prompt(1), 1.0)
+    meta = tmp_path / f"{newline.id}.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "name": "abc\n"}))
+    (tmp_path / "voice_cutoff.npz").write_bytes(b"x" * 1000)
+    (tmp_path / ".voice_half.tmp").write_bytes(b"x" * 1000)
+    (tmp_path / "voice_broken.json").write_text("{not json")
+    budget = Budget("voice_cache", 10 ** 9)
+    reopened = VoiceStore(tmp_path, lease=budget.lease())
+    assert [v.name for v in reopened.list()] == ["kept"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{kept.id}.json", f"{kept.id}.npz"])
+    assert budget.used == reopened.total_bytes == sum(p.stat().st_size for p in tmp_path.iterdir())

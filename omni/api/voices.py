@@ -33,6 +33,7 @@ import numpy as np
 from omni.api.budgets import Lease
 from omni.api.errors import ApiError, bad_request
 from omni.api.names import check_name as _check_name
+from omni.api.names import is_name
 
 log = logging.getLogger("omni.api.voices")
 DEFAULT_MAX_BYTES = 256 << 20
@@ -229,6 +230,8 @@ class VoiceStore:
                 voice = Voice(**json.loads(meta.read_text()))
                 if not self._arrays(voice.id).is_file():
                     raise FileNotFoundError(self._arrays(voice.id))
+                if not is_name(voice.name):  # made before the name rule ended in \Z ("abc\n" was taken)
+                    raise ValueError(f"its name {voice.name!r} breaks the name rule")
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("dropping unreadable voice %s: %s", meta.name, exc)
                 self._remove_files(meta.stem)
