@@ -199,3 +199,37 @@ def test_metrics_report_every_budget_by_resource(server):
         assert _metric(server.url, "omni_memory_budget_peak_bytes", resource) >= 0
         assert _metric(server.url, "omni_memory_budget_refusals_total", resource) >= 0
     assert state.budgets["voice_cache"].limit == state.config.voice_cache_bytes
+
+
+def _chunked_upload_then_stall(url: str, path: str, content_type: bytes, body: bytes) -> tuple[bytes, float]:
+    """Send `body` chunked (no Content-Length) and then nothing more: the server's first answer line
+    and how long it took (a server that waits for the rest answers only at its body timeout, 60 s)."""
+    import socket
+    import time
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=15) as s:
+        s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: " + content_type
+                  + b"\r\nTransfer-Encoding: chunked\r\n\r\n")
+        t0 = time.monotonic()
+        for i in range(0, len(body), 64 << 10):
+            piece = body[i:i + (64 << 10)]
+            s.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
+        reply = s.recv(4096)
+        return reply.split(b"\r\n", 1)[0], time.monotonic() - t0
+
+
+def test_a_chunked_upload_is_held_on_the_budget_as_it_arrives(server):
+    """No Content-Length: the body counts against the uploads budget (1 MiB here) while it arrives,
+    so past it the client gets its 429 at once instead of the server holding what it sends."""
+    budget = server.state().budgets["uploads"]
+    chat = b'{"model": "omni-demo", "messages": [{"role": "user", "content": "' + b"a" * (3 << 19)
+    status, took = _chunked_upload_then_stall(server.url, "/v1/chat/completions", b"application/json", chat)
+    assert b" 429 " in status and took < 10, (status, took)
+    boundary = b"xyzzy"
+    form = (b"--" + boundary + b'\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+            b"Content-Type: audio/wav\r\n\r\n" + b"\0" * (3 << 19))
+    status, took = _chunked_upload_then_stall(server.url, "/v1/audio/transcriptions",
+                                              b"multipart/form-data; boundary=" + boundary, form)
+    assert b" 429 " in status and took < 10, (status, took)
+    assert asyncio.run(_until(lambda: budget.used == 0)) and budget.peak <= budget.limit
