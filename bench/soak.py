@@ -6,8 +6,8 @@ then `--clients` closed-loop clients cycle through the request kinds of `--mix`:
 with audio in, chat with speech out (bench/serve.py's streamed request), transcriptions, a
 Realtime text turn answered in speech. Every `--sample-s` the RSS and fd count of omnid and each
 stage process are read (psutil when installed, else /proc). `--census` sets $OMNI_CENSUS_DIR
-and sends every stage and omnid itself SIGUSR1 after the first minute (then every `--census-every`
-seconds, when set) and at the end (omni/census.py: objects by
+and sends every stage and omnid itself SIGUSR1, one process at a time, after the first minute (then
+every `--census-every` seconds, when set) and at the end (omni/census.py: objects by
 type, torch tensors, glibc heap in use vs taken, RSS after malloc_trim): the difference says leak
 (objects / tensors / heap in use grow) or allocator high-water (only RSS grows, the trim gives it
 back).
@@ -198,6 +198,7 @@ async def soak(url: str, args, pids: dict[str, int], census_dir: Path | None) ->
     end = t0 + args.duration
 
     rounds = [0]
+    censusing: list[asyncio.Task] = []
 
     async def sample() -> None:
         next_census = args.census_at
@@ -205,8 +206,9 @@ async def soak(url: str, args, pids: dict[str, int], census_dir: Path | None) ->
             procs = {name: f for name, pid in pids.items() if (f := process_figures(pid)) is not None}
             samples.append({"t": round(time.monotonic() - t0, 1), "procs": procs})
             if census_dir is not None and next_census is not None and time.monotonic() - t0 >= next_census:
-                census(pids)
-                rounds[0] += 1
+                if not censusing or censusing[-1].done():  # one round at a time
+                    rounds[0] += 1
+                    censusing.append(asyncio.create_task(census_round(pids, census_dir, rounds[0])))
                 next_census = next_census + args.census_every if args.census_every else None
             await asyncio.sleep(args.sample_s)
 
@@ -226,27 +228,34 @@ async def soak(url: str, args, pids: dict[str, int], census_dir: Path | None) ->
 
         await asyncio.gather(sample(), *(client(c) for c in range(args.clients)))
     if census_dir is not None:
-        census(pids)
+        if censusing:
+            await censusing[-1]
         rounds[0] += 1
-        await census_written(census_dir, len(pids), rounds[0])
+        await census_round(pids, census_dir, rounds[0])
     return {"requests": counts, "samples": samples, "processes": minute_figures(samples, time.monotonic() - t0),
             "census": census_change(census_dir) if census_dir is not None else None}
 
 
-async def census_written(directory: Path, stages: int, rounds: int, timeout_s: float = 120.0) -> None:
-    """Wait until every stage wrote its census of round `rounds` (each walks all its objects)."""
-    deadline = time.monotonic() + timeout_s
-    while len(list(directory.glob(f"*-{rounds}.json"))) < stages and time.monotonic() < deadline:
-        await asyncio.sleep(1.0)
-
-
-def census(pids: dict[str, int]) -> None:
-    """SIGUSR1 to every stage and to omnid itself: each writes its census (omni/census.py)."""
-    for pid in pids.values():
+async def census_round(pids: dict[str, int], directory: Path, n: int, timeout_s: float = 25.0) -> list[str]:
+    """Census `n` of every process, one process at a time: each census walks all the objects of its
+    process on its event loop, and all of them at once on a small machine kept stages busy past the
+    kernel's 30 s heartbeat timeout (the supervisor killed every stage). Returns the processes that
+    wrote nothing within `timeout_s` (gone, or not censused)."""
+    missing = []
+    for name, pid in pids.items():
         try:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
-            pass
+            missing.append(name)
+            continue
+        deadline = time.monotonic() + timeout_s
+        while not list(directory.glob(f"*-{pid}-{n}.json")) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        if not list(directory.glob(f"*-{pid}-{n}.json")):
+            missing.append(name)
+    if missing:
+        say(f"census {n}: nothing from {', '.join(missing)}")
+    return missing
 
 
 def table(report: dict[str, Any]) -> str:

@@ -95,3 +95,42 @@ def test_omnid_writes_its_own_census_at_sigusr1(tmp_path, monkeypatch):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+CHILD = """
+import os, signal, sys, time
+directory, name, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+def census(*_):
+    got = time.time()
+    time.sleep(0.4)  # a census takes a while
+    path = os.path.join(directory, f"{name}-{os.getpid()}-1.json")
+    open(path + ".partial", "w").write(f"{got} {time.time()}")
+    os.replace(path + ".partial", path)
+signal.signal(signal.SIGUSR1, census if mode == "census" else signal.SIG_IGN)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_census_round_takes_one_process_at_a_time(tmp_path):
+    """All processes walking their objects at once on a small machine kept every stage past the
+    kernel's heartbeat timeout (the supervisor killed them all mid-soak): one at a time now."""
+    import asyncio
+    import subprocess
+
+    from soak import census_round
+
+    procs = {name: subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), name, mode], stdout=subprocess.PIPE,
+                                    text=True)
+             for name, mode in (("a", "census"), ("b", "census"), ("c", "census"), ("deaf", "ignore"))}
+    try:
+        for p in procs.values():
+            assert p.stdout.readline().strip() == "ready"
+        missing = asyncio.run(census_round({n: p.pid for n, p in procs.items()}, tmp_path, 1, timeout_s=2.0))
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+    assert missing == ["deaf"]
+    spans = sorted(tuple(map(float, next(tmp_path.glob(f"{n}-*-1.json")).read_text().split())) for n in "abc")
+    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), spans  # never two at once
