@@ -68,6 +68,11 @@ def stage_pids(metrics: str) -> dict[str, int]:
     return {m.group(1): int(float(m.group(2))) for m in re.finditer(r'omni_stage_pid\{stage="([^"]+)"\} (\S+)', metrics)}
 
 
+def stage_restarts(metrics: str) -> dict[str, int]:
+    return {m.group(1): int(float(m.group(2)))
+            for m in re.finditer(r'omni_stage_restarts_total\{stage="([^"]+)"\} (\S+)', metrics)}
+
+
 def wav_b64(seconds: float = 1.0, rate: int = 16000) -> str:
     import soundfile as sf
 
@@ -267,7 +272,10 @@ def table(report: dict[str, Any]) -> str:
                      f"{'-' if second is None else second} | {'-' if from_second is None else f'{from_second:+}'} | "
                      f"{f['rss_mb_peak']} | {f['fds_first_min']:.0f} | {f['fds_last_min']:.0f} |")
     done = ", ".join(f"{k} {v['ok']}/{v['ok'] + v['failed']}" for k, v in report["requests"].items())
-    return "\n".join(lines) + f"\n\nrequests ok/sent: {done}"
+    restarted = {k: v for k, v in (report.get("stage_restarts") or {}).items() if v}
+    restarts = (f"\nstage restarts: {restarted} (their rows stop at the death)" if restarted
+                else "\nstage restarts: none")
+    return "\n".join(lines) + f"\n\nrequests ok/sent: {done}" + restarts
 
 
 def start_omnid(args, census_dir: Path | None) -> tuple[subprocess.Popen, str, Path]:
@@ -324,6 +332,11 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             pids["omnid"] = proc.pid
         say(f"soaking {url} for {args.duration:.0f} s with {args.clients} clients: {args.mix}; processes {pids}")
         report = asyncio.run(soak(url, args, pids, census_dir))
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+            after = resp.read().decode()
+        # a stage restarted during the soak is another process: its figures stop at its death
+        report["stage_restarts"] = stage_restarts(after)
+        report["stage_pids_changed"] = sorted(n for n, pid in stage_pids(after).items() if pids.get(n) != pid)
     finally:
         if proc is not None:
             say(f"omnid: {kill_group(proc, 30)}")

@@ -134,3 +134,14 @@ def test_a_census_round_takes_one_process_at_a_time(tmp_path):
     assert missing == ["deaf"]
     spans = sorted(tuple(map(float, next(tmp_path.glob(f"{n}-*-1.json")).read_text().split())) for n in "abc")
     assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), spans  # never two at once
+
+
+def test_the_soak_reads_each_stages_restarts_from_metrics():
+    from soak import stage_restarts, table
+
+    metrics = ('omni_stage_restarts_total{stage="thinker.0"} 2.0\n'
+               'omni_stage_restarts_total{stage="whisper-tiny.en/decoder.0"} 0.0\nomni_stage_pid{stage="thinker.0"} 7.0\n')
+    assert stage_restarts(metrics) == {"thinker.0": 2, "whisper-tiny.en/decoder.0": 0}
+    report = {"processes": {}, "requests": {"text": {"ok": 1, "failed": 0}}, "stage_restarts": stage_restarts(metrics)}
+    assert "stage restarts: {'thinker.0': 2}" in table(report)
+    assert table({**report, "stage_restarts": {"thinker.0": 0}}).endswith("stage restarts: none")
