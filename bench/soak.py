@@ -6,13 +6,14 @@ then `--clients` closed-loop clients cycle through the request kinds of `--mix`:
 with audio in, chat with speech out (bench/serve.py's streamed request), transcriptions, a
 Realtime text turn answered in speech. Every `--sample-s` the RSS and fd count of omnid and each
 stage process are read (psutil when installed, else /proc). `--census` sets $OMNI_CENSUS_DIR
-and sends every stage SIGUSR1 after the first minute and at the end (omni/census.py: objects by
+and sends every stage and omnid itself SIGUSR1, one process at a time, after the first minute (then
+every `--census-every` seconds, when set) and at the end (omni/census.py: objects by
 type, torch tensors, glibc heap in use vs taken, RSS after malloc_trim): the difference says leak
 (objects / tensors / heap in use grow) or allocator high-water (only RSS grows, the trim gives it
 back).
 
 Run:  python bench/soak.py [--duration 600] [--clients 4] [--mix text,audio_in,speech,transcribe,realtime]
-          [--census] [--model DIR] [--url URL] [--out bench/results/soak.json]
+          [--census [--census-every S]] [--model DIR] [--url URL] [--out bench/results/soak.json]
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ def process_figures(pid: int) -> tuple[int, int] | None:
 
 def stage_pids(metrics: str) -> dict[str, int]:
     return {m.group(1): int(float(m.group(2))) for m in re.finditer(r'omni_stage_pid\{stage="([^"]+)"\} (\S+)', metrics)}
+
+
+def stage_restarts(metrics: str) -> dict[str, int]:
+    return {m.group(1): int(float(m.group(2)))
+            for m in re.finditer(r'omni_stage_restarts_total\{stage="([^"]+)"\} (\S+)', metrics)}
 
 
 def wav_b64(seconds: float = 1.0, rate: int = 16000) -> str:
@@ -136,17 +142,24 @@ class Traffic:
 
 
 def minute_figures(samples: list[dict], duration: float) -> dict[str, Any]:
-    """Per process: mean RSS (MB) and fds in the first and the last minute, the peak, the change."""
+    """Per process: mean RSS (MB) and fds in the first and the last minute, the peak, the change;
+    and the second minute's RSS with the change from it: the first minute holds the idle server's
+    first sample and every first use (lazy imports, warm-up), so a process that only warmed up shows
+    a change from the first minute and none from the second (a leak shows both)."""
     out = {}
     names = sorted({name for s in samples for name in s["procs"]})
     for name in names:
         rows = [(s["t"], *s["procs"][name]) for s in samples if name in s["procs"]]
         first = [r for r in rows if r[0] < MINUTE] or rows[:1]
+        second = [r for r in rows if MINUTE <= r[0] < 2 * MINUTE]
         last = [r for r in rows if r[0] >= duration - MINUTE] or rows[-1:]
         mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
         out[name] = {"rss_mb_first_min": round(mean(first, 1) / 2**20, 1),
                      "rss_mb_last_min": round(mean(last, 1) / 2**20, 1),
                      "rss_mb_change": round((mean(last, 1) - mean(first, 1)) / 2**20, 1),
+                     "rss_mb_second_min": round(mean(second, 1) / 2**20, 1) if second else None,
+                     "rss_mb_change_from_second_min":
+                         round((mean(last, 1) - mean(second, 1)) / 2**20, 1) if second else None,
                      "rss_mb_peak": round(max(r[1] for r in rows) / 2**20, 1),
                      "fds_first_min": round(mean(first, 2), 1), "fds_last_min": round(mean(last, 2), 1)}
     return out
@@ -158,7 +171,8 @@ def census_change(directory: Path) -> dict[str, Any]:
     for path in sorted(directory.glob("*.json"), key=lambda p: int(p.stem.rsplit("-", 1)[1])):
         by_stage.setdefault(path.stem.rsplit("-", 1)[0], []).append(json.loads(path.read_text()))  # name-pid
     out = {}
-    for stage, (first, *_, last) in ((s, c) for s, c in by_stage.items() if len(c) >= 2):
+    for stage, censuses in ((s, c) for s, c in by_stage.items() if len(c) >= 2):
+        first, last = censuses[0], censuses[-1]
         types_first, types_last = dict(first["top_types"]), dict(last["top_types"])
         grown = sorted(((t, n - types_first.get(t, 0)) for t, n in types_last.items()), key=lambda x: -x[1])[:8]
         heap = lambda c, k: (c["heap"] or {}).get(k, 0) / 2**20  # noqa: E731
@@ -170,7 +184,12 @@ def census_change(directory: Path) -> dict[str, Any]:
                       "heap_from_os_mb": [round(heap(first, "from_os_bytes"), 1), round(heap(last, "from_os_bytes"), 1)],
                       "tensors": [tensors(first, "count"), tensors(last, "count")],
                       "tensor_mb": [round(tensors(c, "storage_bytes") / 2**20, 1) for c in (first, last)],
-                      "types_grown": grown}
+                      "types_grown": grown,
+                      # every census in order: a plateau (warm-up caches) or a steady climb (a leak)
+                      "series": [{"t": round(c["time"] - first["time"], 1), "rss_mb": round(c["rss_bytes"] / 2**20, 1),
+                                  "rss_mb_after_trim": round((c["rss_after_trim_bytes"] or 0) / 2**20, 1),
+                                  "gc_objects": c["gc_objects"], "heap_in_use_mb": round(heap(c, "in_use_bytes"), 1),
+                                  "tensors": tensors(c, "count")} for c in censuses]}
     return out
 
 
@@ -183,14 +202,19 @@ async def soak(url: str, args, pids: dict[str, int], census_dir: Path | None) ->
     t0 = time.monotonic()
     end = t0 + args.duration
 
+    rounds = [0]
+    censusing: list[asyncio.Task] = []
+
     async def sample() -> None:
-        censused = False
+        next_census = args.census_at
         while time.monotonic() < end:
             procs = {name: f for name, pid in pids.items() if (f := process_figures(pid)) is not None}
             samples.append({"t": round(time.monotonic() - t0, 1), "procs": procs})
-            if census_dir is not None and not censused and time.monotonic() - t0 >= args.census_at:
-                census(pids)
-                censused = True
+            if census_dir is not None and next_census is not None and time.monotonic() - t0 >= next_census:
+                if not censusing or censusing[-1].done():  # one round at a time
+                    rounds[0] += 1
+                    censusing.append(asyncio.create_task(census_round(pids, census_dir, rounds[0])))
+                next_census = next_census + args.census_every if args.census_every else None
             await asyncio.sleep(args.sample_s)
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=180)) as http:
@@ -209,36 +233,49 @@ async def soak(url: str, args, pids: dict[str, int], census_dir: Path | None) ->
 
         await asyncio.gather(sample(), *(client(c) for c in range(args.clients)))
     if census_dir is not None:
-        census(pids)
-        await census_written(census_dir, len(pids) - ("omnid" in pids), 2)
+        if censusing:
+            await censusing[-1]
+        rounds[0] += 1
+        await census_round(pids, census_dir, rounds[0])
     return {"requests": counts, "samples": samples, "processes": minute_figures(samples, time.monotonic() - t0),
             "census": census_change(census_dir) if census_dir is not None else None}
 
 
-async def census_written(directory: Path, stages: int, rounds: int, timeout_s: float = 120.0) -> None:
-    """Wait until every stage wrote its census of round `rounds` (each walks all its objects)."""
-    deadline = time.monotonic() + timeout_s
-    while len(list(directory.glob(f"*-{rounds}.json"))) < stages and time.monotonic() < deadline:
-        await asyncio.sleep(1.0)
-
-
-def census(pids: dict[str, int]) -> None:
+async def census_round(pids: dict[str, int], directory: Path, n: int, timeout_s: float = 25.0) -> list[str]:
+    """Census `n` of every process, one process at a time: each census walks all the objects of its
+    process on its event loop, and all of them at once on a small machine kept stages busy past the
+    kernel's 30 s heartbeat timeout (the supervisor killed every stage). Returns the processes that
+    wrote nothing within `timeout_s` (gone, or not censused)."""
+    missing = []
     for name, pid in pids.items():
-        if name != "omnid":
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            missing.append(name)
+            continue
+        deadline = time.monotonic() + timeout_s
+        while not list(directory.glob(f"*-{pid}-{n}.json")) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        if not list(directory.glob(f"*-{pid}-{n}.json")):
+            missing.append(name)
+    if missing:
+        say(f"census {n}: nothing from {', '.join(missing)}")
+    return missing
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = ["| process | RSS first min (MB) | RSS last min (MB) | change | peak | fds first | fds last |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| process | RSS first min (MB) | RSS last min (MB) | change | 2nd min | change from 2nd | peak "
+             "| fds first | fds last |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, f in report["processes"].items():
+        second, from_second = f.get("rss_mb_second_min"), f.get("rss_mb_change_from_second_min")
         lines.append(f"| {name} | {f['rss_mb_first_min']} | {f['rss_mb_last_min']} | {f['rss_mb_change']:+} | "
+                     f"{'-' if second is None else second} | {'-' if from_second is None else f'{from_second:+}'} | "
                      f"{f['rss_mb_peak']} | {f['fds_first_min']:.0f} | {f['fds_last_min']:.0f} |")
     done = ", ".join(f"{k} {v['ok']}/{v['ok'] + v['failed']}" for k, v in report["requests"].items())
-    return "\n".join(lines) + f"\n\nrequests ok/sent: {done}"
+    restarted = {k: v for k, v in (report.get("stage_restarts") or {}).items() if v}
+    restarts = (f"\nstage restarts: {restarted} (their rows stop at the death)" if restarted
+                else "\nstage restarts: none")
+    return "\n".join(lines) + f"\n\nrequests ok/sent: {done}" + restarts
 
 
 def start_omnid(args, census_dir: Path | None) -> tuple[subprocess.Popen, str, Path]:
@@ -268,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS / fd samples")
     p.add_argument("--census", action="store_true", help="heap / tensor census of every stage (omni/census.py)")
     p.add_argument("--census-at", type=float, default=MINUTE, help="seconds into the soak of the first census")
+    p.add_argument("--census-every", type=float, default=0.0,
+                   help="seconds between further censuses (0: only the first and the last)")
     p.add_argument("--model", default=None, help="checkpoint dir (default: omnid's embedded tiny model)")
     p.add_argument("--url", default=None, help="soak a running server (its stage PIDs from /metrics)")
     p.add_argument("--served-model", default=None, help="model name to request (default: the first listed)")
@@ -293,6 +332,11 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             pids["omnid"] = proc.pid
         say(f"soaking {url} for {args.duration:.0f} s with {args.clients} clients: {args.mix}; processes {pids}")
         report = asyncio.run(soak(url, args, pids, census_dir))
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+            after = resp.read().decode()
+        # a stage restarted during the soak is another process: its figures stop at its death
+        report["stage_restarts"] = stage_restarts(after)
+        report["stage_pids_changed"] = sorted(n for n, pid in stage_pids(after).items() if pids.get(n) != pid)
     finally:
         if proc is not None:
             say(f"omnid: {kill_group(proc, 30)}")

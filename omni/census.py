@@ -1,7 +1,7 @@
-"""A heap and tensor census of one stage process, on SIGUSR1, to tell a leak from allocator
-high-water (issue 25: the thinker grew under mixed traffic).
+"""A heap and tensor census of one stage process (or of omnid), on SIGUSR1, to tell a leak from
+allocator high-water (issue 25: the thinker grew under mixed traffic).
 
-Enabled by $OMNI_CENSUS_DIR (omni/env.py): each stage process then writes
+Enabled by $OMNI_CENSUS_DIR (omni/env.py): each stage process (and omnid, as `omnid`) then writes
 `<dir>/<stage>-<pid>-<n>.json` at every SIGUSR1: its RSS; live Python objects by type; torch
 tensors alive (count, bytes, the commonest shapes); glibc's heap (`mallinfo2`: bytes in use vs
 bytes taken from the OS) and the RSS after `malloc_trim(0)`; tracemalloc's top lines when
@@ -166,6 +166,8 @@ def install_if_asked(loop, name: str) -> None:
         count[0] += 1
         path = Path(directory) / f"{name}-{os.getpid()}-{count[0]}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(snapshot()))
+        partial = path.with_name(path.name + ".partial")  # whole or absent for a reader (bench/soak.py)
+        partial.write_text(json.dumps(snapshot()))
+        os.replace(partial, path)
 
     loop.add_signal_handler(signal.SIGUSR1, dump)

@@ -4,8 +4,8 @@ variables: see omni/stages/args.py).
 - OMNI_CACHE_DIR (else $XDG_CACHE_HOME/omni, else ~/.cache/omni): converted and exported models;
 - OMNI_RUN_ROOT (else the temp dir): where each kernel run keeps its sockets and logs;
 - OMNI_API_KEY: the key omnid serve asks clients for (the default of --api-key);
-- OMNI_CENSUS_DIR: each stage process writes a heap / tensor census there at SIGUSR1 (omni/census.py;
-  bench/soak.py --census sets it);
+- OMNI_CENSUS_DIR: each stage process, and omnid itself, writes a heap / tensor census there at
+  SIGUSR1 (omni/census.py; bench/soak.py --census sets it);
 - OMNI_PROFILE_DIR: stage processes profile some of their steps with torch.profiler and write a
   kernel table there (omni/stages/step_profiler.py); OMNI_PROFILE_STAGES (comma-separated stage
   names, default all), OMNI_PROFILE_SKIP (steps before each window, comma-separated, default 300), OMNI_PROFILE_STEPS (steps

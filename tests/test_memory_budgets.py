@@ -148,3 +148,88 @@ def test_an_upload_past_the_uploads_budget_is_refused_before_it_is_read(server):
         "model": "omni-demo", "messages": [{"role": "user", "content": "hi"}],
         "stage_sampling": {"generator": {"max_tokens": 2}}})
     assert ok.status_code == 200 and server.state().budgets["uploads"].used == 0
+
+
+def test_a_memory_budget_flag_sets_one_and_the_others_keep_the_machine_defaults():
+    from omni.api.cli import CliError, memory_budgets
+
+    assert memory_budgets(["realtime_audio=512", "output=1.5"]) == {
+        **default_limits(), "realtime_audio": 512 << 20, "output": int(1.5 * (1 << 20))}
+    for bad in ("voice_cache=5", "uploads", "uploads=abc", "uploads=0", "uploads=-3", "uploads=nan", "uploads=inf"):
+        with pytest.raises(CliError) as err:
+            memory_budgets([bad])
+        assert "--memory-budget-mb" in str(err.value) and "\n" not in str(err.value), bad
+
+
+def test_the_default_shares_are_the_ones_readme_and_help_document():
+    """README and --help say each default as a share of the machine's memory: they are the code's."""
+    from fractions import Fraction
+    from pathlib import Path
+
+    from omni.api.budgets import DEFAULT_SHARES
+    from omni.api.cli import build_parser
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    section = readme[readme.index("**Memory budgets in total**"):][:1500]
+    for name, share in DEFAULT_SHARES.items():
+        found = re.search(rf"\(`{name}`, (?:default )?1/(\d+)", section)
+        assert found and Fraction(1, int(found.group(1))) == Fraction(share).limit_denominator(1000), name
+    import argparse
+
+    parsers, actions = [build_parser()], []
+    while parsers:
+        for action in parsers.pop()._actions:
+            actions.append(action)
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+    help_text = " ".join(next(a.help for a in actions if a.dest == "memory_budgets").split())
+    shares = re.search(r"default: ([\d/, and]+) of this machine", help_text).group(1)
+    documented = [Fraction(1, int(d)) for d in re.findall(r"1/(\d+)", shares)]
+    assert documented == [Fraction(s).limit_denominator(1000) for s in DEFAULT_SHARES.values()]
+    assert re.search(r"resource: " + ", ".join(DEFAULT_SHARES), help_text)
+
+
+def test_metrics_report_every_budget_by_resource(server):
+    from omni.api.budgets import RESOURCES
+
+    state = server.state()
+    for resource in RESOURCES:
+        assert _metric(server.url, "omni_memory_budget_limit_bytes", resource) == state.budgets[resource].limit
+        assert _metric(server.url, "omni_memory_budget_used_bytes", resource) == state.budgets[resource].used
+        assert _metric(server.url, "omni_memory_budget_peak_bytes", resource) >= 0
+        assert _metric(server.url, "omni_memory_budget_refusals_total", resource) >= 0
+    assert state.budgets["voice_cache"].limit == state.config.voice_cache_bytes
+
+
+def _chunked_upload_then_stall(url: str, path: str, content_type: bytes, body: bytes) -> tuple[bytes, float]:
+    """Send `body` chunked (no Content-Length) and then nothing more: the server's first answer line
+    and how long it took (a server that waits for the rest answers only at its body timeout, 60 s)."""
+    import socket
+    import time
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=15) as s:
+        s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: " + content_type
+                  + b"\r\nTransfer-Encoding: chunked\r\n\r\n")
+        t0 = time.monotonic()
+        for i in range(0, len(body), 64 << 10):
+            piece = body[i:i + (64 << 10)]
+            s.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
+        reply = s.recv(4096)
+        return reply.split(b"\r\n", 1)[0], time.monotonic() - t0
+
+
+def test_a_chunked_upload_is_held_on_the_budget_as_it_arrives(server):
+    """No Content-Length: the body counts against the uploads budget (1 MiB here) while it arrives,
+    so past it the client gets its 429 at once instead of the server holding what it sends."""
+    budget = server.state().budgets["uploads"]
+    chat = b'{"model": "omni-demo", "messages": [{"role": "user", "content": "' + b"a" * (3 << 19)
+    status, took = _chunked_upload_then_stall(server.url, "/v1/chat/completions", b"application/json", chat)
+    assert b" 429 " in status and took < 10, (status, took)
+    boundary = b"xyzzy"
+    form = (b"--" + boundary + b'\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+            b"Content-Type: audio/wav\r\n\r\n" + b"\0" * (3 << 19))
+    status, took = _chunked_upload_then_stall(server.url, "/v1/audio/transcriptions",
+                                              b"multipart/form-data; boundary=" + boundary, form)
+    assert b" 429 " in status and took < 10, (status, took)
+    assert asyncio.run(_until(lambda: budget.used == 0)) and budget.peak <= budget.limit

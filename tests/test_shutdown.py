@@ -49,6 +49,15 @@ async def _realtime(url: str, started: threading.Event) -> dict:
             return {"code": ws.close_code, "errors": [e["error"] for e in events if e["type"] == "error"]}
 
 
+async def _new_session_status(url: str) -> int:
+    async with aiohttp.ClientSession() as http:
+        try:
+            async with http.ws_connect(url.replace("http://", "ws://") + "/v1/realtime", timeout=5):
+                return 101
+        except aiohttp.WSServerHandshakeError as exc:
+            return exc.status
+
+
 def test_sigterm_to_the_process_group_during_8_streams_gives_every_client_a_final_event():
     proc = omnid("serve", "--model", "demo", "--port", "0", "--drain-timeout", "4",
                  "--set", "generator.args.step_delay_s=0.01", start_new_session=True)
@@ -75,6 +84,8 @@ def test_sigterm_to_the_process_group_during_8_streams_gives_every_client_a_fina
         time.sleep(0.3)
         refused = requests.post(url + "/v1/chat/completions", json={**chat, "stream": False}, timeout=5)
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+        assert asyncio.run(_new_session_status(url)) == 503  # a new Realtime session too, before the upgrade
+        assert requests.get(url + "/health", timeout=5).status_code == 503  # a balancer stops sending
         assert all(alive(p) for p in pids)  # the stages serve on through the drain
         for t in threads:
             t.join(30)

@@ -152,3 +152,46 @@ def test_a_realtime_client_that_never_reads_is_closed_within_the_bound():
             print(f"a Realtime client that read nothing was closed after {time.monotonic() - t0:.1f} s")
         finally:
             s.close()
+
+
+def test_a_whole_answer_to_a_client_that_never_reads_is_cut_off_too():
+    """Not streamed: a chat answer with its audio (megabytes of JSON) to a client that reads nothing.
+    aiohttp wrote such an answer after the handler and waited on the client forever, the bytes held
+    outside every budget; it goes out under the same rule now: cut off past the write timeout."""
+    with LiveServer(mode="inline", config=ServerConfig(port=0, write_timeout_s=1.0)) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        body = json.dumps({"model": "omni-demo", "modalities": ["text", "audio"],
+                           "audio": {"voice": "tone", "format": "wav"}, "messages": [{"role": "user", "content": "talk"}],
+                           "stage_sampling": {"generator": {"max_tokens": 3000}}}).encode()
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect((host, int(port)))
+        try:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            connections = lambda: server.servers[0].runner.server.connections  # noqa: E731 (a new list each time)
+            deadline = time.monotonic() + 30
+            while server.state().inflight == 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert server.state().inflight == 1 and connections()
+            t0 = time.monotonic()
+            while connections() and time.monotonic() - t0 < 15:
+                time.sleep(0.1)
+            assert not connections(), [c.transport.get_write_buffer_size() for c in connections() if c.transport]
+            assert server.state().inflight == 0 and server.state().budgets["output"].used == 0
+        finally:
+            s.close()
+
+
+def test_a_whole_answer_is_written_in_full_to_a_client_that_reads():
+    import requests
+
+    with LiveServer(mode="inline", config=ServerConfig(port=0, write_timeout_s=5.0)) as server:
+        resp = requests.post(server.url + "/v1/chat/completions", timeout=60, json={
+            "model": "omni-demo", "modalities": ["text", "audio"], "audio": {"voice": "tone", "format": "wav"},
+            "messages": [{"role": "user", "content": "talk"}], "stage_sampling": {"generator": {"max_tokens": 600}}})
+        assert resp.status_code == 200 and int(resp.headers["Content-Length"]) == len(resp.content) > 64 << 10
+        assert resp.headers["Content-Type"].startswith("application/json")
+        audio = base64.b64decode(resp.json()["choices"][0]["message"]["audio"]["data"])
+        assert audio[:4] == b"RIFF" and len(audio) > 64 << 10
+        assert server.state().budgets["output"].used == 0

@@ -30,7 +30,7 @@ OPENAI_ALIASES: dict[str, str] = {
 }
 
 
-_SNAPSHOT = re.compile(r"-\d{4}-\d{2}-\d{2}$")  # OpenAI's dated snapshots: gpt-4o-realtime-preview-2024-12-17
+_SNAPSHOT = re.compile(r"-\d{4}-\d{2}-\d{2}\Z")  # OpenAI's dated snapshots: gpt-4o-realtime-preview-2024-12-17
 
 
 def alias_task(name: str) -> str | None:

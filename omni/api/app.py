@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from omni.api import playground, routes_audio, routes_chat, routes_completions, routes_info, routes_transcribe, routes_voices
-from omni.api.client_output import close_output
+from omni.api.client_output import close_output, is_large_whole, send_whole
 from omni.api.connections import release_upload
 from omni.api.cors import install_cors
 from omni.api.errors import ApiError, error_middleware
@@ -76,7 +76,10 @@ async def admission_middleware(request: web.Request, handler):
                        code="overloaded")
     state.inflight += 1
     try:
-        return await handler(request)
+        response = await handler(request)
+        if is_large_whole(response):  # a whole answer too goes out under the slow-client rule
+            return await send_whole(request, response)
+        return response
     finally:
         release_upload(request)
         close_output(request)

@@ -305,9 +305,12 @@ def memory_budgets(flags: list[str]) -> dict[str, int]:
             raise CliError(f"--memory-budget-mb takes RESOURCE=MB with RESOURCE one of {', '.join(DEFAULT_SHARES)}, "
                            f"not {flag!r}")
         try:
-            limits[name.strip()] = int(float(value) * (1 << 20))
+            mb = float(value)
         except ValueError:
-            raise CliError(f"--memory-budget-mb {flag!r}: {value!r} is not a number of MB") from None
+            mb = float("nan")
+        if not mb > 0 or mb == float("inf"):  # nan and inf too: a budget of 0 would refuse every client
+            raise CliError(f"--memory-budget-mb {flag!r}: {value!r} is not a positive number of MB")
+        limits[name.strip()] = int(mb * (1 << 20))
     return limits
 
 
@@ -401,16 +404,6 @@ async def _serve_graph(args: argparse.Namespace, graph, info, stages: list[str],
     server = HttpServer(app, config.host, config.port)
     await serve_until_signal(server, _Kernels([kernel, *(m.kernel for m in extras)]), config.drain_timeout_s,
                              on_listening=_say)
-
-
-def _exit_served() -> None:
-    """Leave at once once `serve` has stopped every stage and closed every connection: the
-    interpreter's own teardown of what serving loaded took 1.3-1.6 s more on a loaded 2-core machine,
-    past `--drain-timeout` ("SIGTERM to exit, whatever the clients do"). Logs and stdio are flushed first."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(0)
 
 
 def _run(coro) -> None:
@@ -507,10 +500,26 @@ def list_plugins(args: argparse.Namespace) -> None:
         _say(f"{r.name}: {status}" + (f"; provides {', '.join(r.provides)}" if r.provides else ""))
 
 
+def exit_without_finalizing(code: int) -> None:
+    """Leave now, past the atexit handlers (logging's flush, finalizers) and the flush of stdio, but
+    without the interpreter's teardown of every module: torch's alone takes ~0.5 s on a small
+    machine, which put omnid's exit past --drain-timeout after a clean shutdown."""
+    import atexit
+    import os
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     from omni.models.registry import REGISTRY
 
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv_given, argv = argv, list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("serve", "plugins"):  # (those two load them and report failures)
         REGISTRY.load_plugins()  # their commands and make-tiny writers
     parser = build_parser()
@@ -523,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             _run(serve(args))
-            _exit_served()
+            if argv_given is None:  # omnid the program (not a caller's main([...])): every stage has stopped
+                exit_without_finalizing(0)
         elif args.command == "make-tiny":
             return make_tiny(argv[1:])
         elif args.command == "plugins":

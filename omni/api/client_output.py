@@ -1,4 +1,5 @@
-"""The one rule for clients that stop reading, the same for HTTP streams and WebSockets: each write
+"""The one rule for clients that stop reading, the same for HTTP streams, whole HTTP answers and
+WebSockets: each write
 must be taken in within `write_timeout_s`, and one connection may leave at most
 `max_queued_output_bytes` unread (what waits to be written plus the transport's buffer). Past
 either the connection is cut off: its handler ends, so its request is cancelled in every stage.
@@ -91,3 +92,25 @@ def close_output(request: web.Request) -> None:
     """Give the request's queued output back to the budget (the handler has ended)."""
     if OUTPUT in request:
         request[OUTPUT].close()
+
+
+WHOLE_CHUNK = 64 << 10  # what aiohttp buffers without waiting for the client (its StreamWriter's limit)
+
+
+async def send_whole(request: web.Request, response: web.Response) -> web.StreamResponse:
+    """A whole (not streamed) answer written under the rule, in pieces: aiohttp would write it after
+    the handler ends and wait for a client that never reads forever, its bytes held and uncounted."""
+    body = bytes(response.body)
+    stream = web.StreamResponse(status=response.status, reason=response.reason, headers=response.headers)
+    stream.content_length = len(body)
+    await stream.prepare(request)
+    for start in range(0, len(body), WHOLE_CHUNK):
+        await write_stream(request, stream, body[start:start + WHOLE_CHUNK])
+    await stream.write_eof()
+    return stream
+
+
+def is_large_whole(response) -> bool:
+    """A plain answer with a body past what aiohttp buffers without waiting."""
+    return (type(response) is web.Response and isinstance(response.body, (bytes, bytearray))
+            and len(response.body) > WHOLE_CHUNK)

@@ -87,11 +87,29 @@ def release_upload(request: web.Request) -> None:
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The whole body, or a 408 when it has not arrived within the server's body timeout."""
-    upload_lease(request, request.content_length or 0)
-    body = await within_body_timeout(request, request.read())
+    """The whole body, or a 408 when it has not arrived within the server's body timeout. A body of
+    a known length is held on the `uploads` budget before it is read; a chunked one as it arrives,
+    so that the total holds for clients that send no Content-Length too."""
+    if request.content_length is not None:
+        upload_lease(request, request.content_length)
+        body = await within_body_timeout(request, request.read())
+    else:
+        body = await within_body_timeout(request, _read_counted(request))
     upload_lease(request, len(body))
     return body
+
+
+async def _read_counted(request: web.Request) -> bytes:
+    limit = request.app[STATE].config.max_body_bytes
+    body = bytearray()
+    async for chunk in request.content.iter_chunked(64 << 10):
+        body += chunk
+        if len(body) > limit:
+            raise too_large(f"request body too large: over {limit} bytes")
+        upload_lease(request, len(body))
+    data = bytes(body)
+    request._read_bytes = data  # what request.read() returns from now on (aiohttp keeps the body there)
+    return data
 
 
 async def within_body_timeout(request: web.Request, reading):
@@ -117,6 +135,7 @@ async def read_form(request: web.Request, max_file_bytes: int, file_fields: tupl
     fields: dict[str, str] = {}
     audio: bytes | None = None
     upload_lease(request, request.content_length or 0)
+    received = 0
     try:
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
@@ -126,8 +145,11 @@ async def read_form(request: web.Request, max_file_bytes: int, file_fields: tupl
             data = bytearray()
             while chunk := await part.read_chunk(64 << 10):
                 data += chunk
+                received += len(chunk)
                 if len(data) > limit:
                     raise too_large(f"form field {part.name!r} is over {limit} bytes", part.name)
+                if received > (request.content_length or 0):  # chunked: held as it arrives
+                    upload_lease(request, received)
             if part.name in file_fields:
                 audio = bytes(data) if audio is None else audio
             elif part.name.endswith("[]"):

@@ -43,11 +43,22 @@ _TYPE_BY_STATUS = {
 }
 
 
+# an object's repr with its address (`<_io.BytesIO object at 0x7f...>`), as a library's exception
+# text may carry it: it says nothing to a client and shows the server's memory layout
+_OBJECT_REPR = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
+def without_object_reprs(message: str) -> str:
+    return _OBJECT_REPR.sub("an object", message)
+
+
 class ApiError(Exception):
-    """A refusal with its HTTP status; `param` names the offending field when there is one."""
+    """A refusal with its HTTP status; `param` names the offending field when there is one. Its
+    message never carries an object's repr (every error a client sees, HTTP, SSE or Realtime, is one)."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
                  type: str | None = None) -> None:
+        message = without_object_reprs(str(message))
         super().__init__(message)
         self.status = status
         self.message = message

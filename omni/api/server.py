@@ -100,6 +100,10 @@ async def serve_until_signal(server: HttpServer, kernel, drain_timeout_s: float,
             installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread: caller stops us
             pass
+    if installed:  # omnid's own heap census at SIGUSR1 under $OMNI_CENSUS_DIR, as every stage's (omni/census.py)
+        from omni.census import install_if_asked
+
+        install_if_asked(loop, "omnid")
     try:
         await server.start()
         on_listening(f"omnid listening on {server.url}")
@@ -115,4 +119,6 @@ async def serve_until_signal(server: HttpServer, kernel, drain_timeout_s: float,
         await kernel.stop()
         for sig in installed:  # only now: a late second signal must not kill a half-stopped server
             loop.remove_signal_handler(sig)
+        if installed:
+            loop.remove_signal_handler(signal.SIGUSR1)
         log.info("omnid stopped")

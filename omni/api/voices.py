@@ -32,9 +32,10 @@ import numpy as np
 
 from omni.api.budgets import Lease
 from omni.api.errors import ApiError, bad_request
+from omni.api.names import check_name as _check_name
+from omni.api.names import is_name
 
 log = logging.getLogger("omni.api.voices")
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: `$` would let a final newline through
 DEFAULT_MAX_BYTES = 256 << 20
 
 
@@ -229,6 +230,8 @@ class VoiceStore:
                 voice = Voice(**json.loads(meta.read_text()))
                 if not self._arrays(voice.id).is_file():
                     raise FileNotFoundError(self._arrays(voice.id))
+                if not is_name(voice.name):  # made before the name rule ended in \Z ("abc\n" was taken)
+                    raise ValueError(f"its name {voice.name!r} breaks the name rule")
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("dropping unreadable voice %s: %s", meta.name, exc)
                 self._remove_files(meta.stem)
@@ -264,8 +267,6 @@ def remove_orphans(root: Path) -> int:
 
 
 def check_name(name: str) -> None:
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise bad_request("a voice name is 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit",
-                          param="name", code="invalid_value")
+    _check_name(name, "a voice name", "name")  # the one name rule (names.py)
     if name.startswith("voice_"):
         raise bad_request("voice names may not start with 'voice_' (ids do)", param="name", code="invalid_value")

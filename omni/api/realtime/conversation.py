@@ -18,6 +18,7 @@ import numpy as np
 from omni.api.budgets import Lease
 from omni.api.errors import bad_request
 from omni.api.media import audio_part
+from omni.api.names import check_name
 from omni.api.realtime.vad import VAD_RATE
 
 ROLES = ("user", "assistant", "system")
@@ -82,6 +83,9 @@ def item_from_event(body: Any, resample_24k) -> Item:
     if body.get("type", "message") != "message":
         raise bad_request(f"item.type {body.get('type')!r} is not served; only 'message'", param="item.type",
                           code="unsupported_item_type")
+    given = body.get("id")
+    if given is not None and given != "":  # a client's own id: the one name rule (names.py)
+        check_name(given, "item.id, when given,", "item.id")
     role = body.get("role")
     if role not in ROLES:
         raise bad_request(f"item.role must be one of {list(ROLES)}", param="item.role", code="invalid_value")
@@ -111,7 +115,7 @@ def item_from_event(body: Any, resample_24k) -> Item:
             allowed = "input_text, input_audio" if role == "user" else ("text" if role == "assistant" else "input_text")
             raise bad_request(f"{param}.type {kind!r} is not served for role {role!r}; use {allowed}",
                               param=f"{param}.type", code="invalid_value")
-    return Item(role, parts, id=body["id"] if isinstance(body.get("id"), str) and body["id"] else new_id("item"))
+    return Item(role, parts, id=given or new_id("item"))
 
 
 def _b64(data: str, param: str) -> bytes:
