@@ -102,7 +102,7 @@ def _after_sample(talker: TalkerModel, greedy: list[bool], seed: int):
     hidden = torch.randn(len(greedy), talker.text_cfg.hidden_size, generator=gen)
     tokens = torch.randint(0, talker.cfg.code2wav.codebook_size, (len(greedy),), generator=gen)
     seqs = _seqs(greedy, seed)
-    extras = talker.after_sample(seqs, tokens, hidden).extras
+    extras = talker.after_sample(seqs, tokens, hidden).resolve().extras
     frames = [s.model_state[STATE_KEY].frame_embeds[0] for s in seqs]
     return [e["codes"] for e in extras], frames
 

@@ -45,6 +45,10 @@ class EngineConfig:
     # so that decode steps stay on their CUDA graphs (a mixed step runs eagerly; with one arrival a step
     # at 64 streams every step was mixed); None: with decode graphs
     split_prefill: bool | None = None
+    # launch a decode step before the previous one's ids reach the host, for models whose decode inputs
+    # stay on the device (the talkers; lookahead.py): the host's half of a step overlaps the GPU's; None:
+    # with decode graphs
+    lookahead_decode: bool | None = None
     tensor_parallel_size: int = 1  # ranks one replica's model is split over (tensor_parallel.py; SGLang's tp_size)
 
     @property
@@ -52,6 +56,11 @@ class EngineConfig:
         """Decode graphs: `cuda_graphs` when set, else on wherever the engine runs on CUDA (the fast path
         is the default one; `cuda_graphs=false` turns them off)."""
         return str(self.device).startswith("cuda") if self.cuda_graphs is None else bool(self.cuda_graphs)
+
+    @property
+    def lookahead_on(self) -> bool:
+        """Lookahead decode steps: `lookahead_decode` when set, else with decode graphs."""
+        return self.graphs_on if self.lookahead_decode is None else bool(self.lookahead_decode)
 
     @property
     def prefill_apart(self) -> bool:

@@ -1,5 +1,8 @@
 """The AR engine: one `step()` = schedule -> run the model -> sample -> postprocess.
 
+With lookahead (lookahead.py) a decode step's successor is launched before its ids reach the
+host, so `step` returns step N's outputs while step N+1 runs.
+
 Pure and in-process (no threads, no sockets): `ARStage` drives it from the actor's compute
 thread. `step` returns what happened; it never sends anything.
 """
@@ -19,7 +22,8 @@ from omni.layers.paged_attention import allocate_kv_cache
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.cuda_graphs import DecodeGraphs
 from omni.stages.ar.logprobs import gather_logprobs
-from omni.stages.ar.model_api import AfterSample, ARModel
+from omni.stages.ar.lookahead import plan_lookahead
+from omni.stages.ar.model_api import AfterSample, ARModel, PendingSample
 from omni.stages.ar.runner import ModelRunner
 from omni.stages.ar.sampler import Sampler
 from omni.stages.ar.scheduler import Scheduler, SchedulerOutput
@@ -71,6 +75,24 @@ class _Sampled:
     token_ids: list[int] = field(default_factory=list)
     extras: list[dict] | None = None
     logprobs: list | None = None
+    pending: PendingSample | None = None  # the ids' copy to the host, still in flight
+    ahead: bool = False  # a lookahead step was planned on these: each sequence holds a placeholder for its id
+
+    def resolve(self) -> None:
+        """Wait for the ids (and the model's extras), if they are still on their way."""
+        if self.pending is not None:
+            done, self.pending = self.pending.resolve(), None
+            self.extras, self.token_ids = done.extras, done.token_ids
+
+
+@dataclass
+class _Launched:
+    """A step whose device work is queued; its host part (`_postprocess`) comes after."""
+
+    batch: Any
+    out: Any
+    taps: tuple[int, ...]
+    sampled: _Sampled
 
 
 class AREngine:
@@ -108,11 +130,15 @@ class AREngine:
                                          config.cuda_graph_max_batch or config.max_num_seqs, config.num_blocks,
                                          config.device, kernel, self.sampler)
         self.runner = ModelRunner(model, self.kv_cache, config.block_size, config.device, runner_graphs, kernel)
+        # lookahead.py; the class's own flag (a wrapper such as the TP proxy forwards attributes)
+        self.lookahead = bool(graphs and config.lookahead_on and getattr(type(model), "lookahead_decode", False))
+        self._ahead: _Launched | None = None  # the step launched ahead of the last one's results
         self.seqs: dict[str, Sequence] = {}
         self.eos = frozenset(config.eos_token_ids)
         self.num_steps = 0
         self.num_generated = 0
         self.num_computed = 0  # tokens run through the model (prefix-cache hits are not)
+        self.num_lookahead_steps = 0
         self.gpu_clock = GpuClock(config.device)  # the GPU's span of each step's forward and sampling
 
     def warmup(self, tap_variants: list[tuple[int, ...]] | None = None) -> int:
@@ -183,12 +209,39 @@ class AREngine:
 
     # ---- stepping: schedule -> run -> postprocess ----------------------------------
     def step(self) -> list[StepOutput]:
-        """One forward over what the scheduler picked; an output per sequence that took part."""
-        sched = self._schedule()
-        if sched is None:
-            return []
+        """One forward over what the scheduler picked (or the step launched ahead); an output per
+        sequence that took part."""
+        launched, self._ahead = self._ahead, None
+        if launched is None:
+            sched = self._schedule()
+            if sched is None:
+                return []
+            launched = self._launch(sched)
+        if self.lookahead:
+            self._ahead = self._launch_ahead(launched)
+        launched.sampled.resolve()  # the step's one host sync
+        return self._postprocess(launched.batch, launched.out, launched.taps, launched.sampled)
+
+    def _launch(self, sched: SchedulerOutput) -> _Launched:
         batch, out, taps = self._run(sched)
-        return self._postprocess(batch, out, taps, self._sample(batch, out))
+        return _Launched(batch, out, taps, self._sample(batch, out))
+
+    def _launch_ahead(self, launched: _Launched) -> _Launched | None:
+        """Step N+1 of `launched`'s decoding sequences, queued before step N's ids are read (lookahead.py)."""
+        sampled = launched.sampled
+        if sampled.pending is None or launched.taps or len(sampled.spans) != len(launched.batch.spans) \
+                or any(s.num_tokens != 1 for s in sampled.spans):
+            return None
+        graphs = self.runner.graphs
+        if graphs.disabled is not None or len(sampled.spans) > graphs.max_batch:
+            return None
+        live = [s.seq for s in sampled.spans if not s.seq.is_finished]  # the step before may have ended some
+        items = plan_lookahead(self.scheduler, self.model, live, self.config.max_model_len)
+        if items is None:
+            return None
+        sampled.ahead = True
+        self.num_lookahead_steps += 1
+        return self._launch(SchedulerOutput(items))
 
     def _schedule(self) -> SchedulerOutput | None:
         """The step's sequences (None: nothing to run); preempted ones give their sampler slot back
@@ -231,11 +284,16 @@ class AREngine:
                 tokens = self.sampler.sample(logits, self.sampler.slots_of(seqs), self.sampler.mode_for(seqs), seqs)
             extras = self.model.after_sample(seqs, tokens, hidden)
             self.gpu_clock.stop()
-            if isinstance(extras, AfterSample):  # the model's copy brought the ids to the host already
+            if isinstance(extras, PendingSample):  # the model's copy is on its way: `resolve` waits
+                sampled.pending = extras
+                if any(s.params.logprobs is not None for s in seqs):
+                    sampled.resolve()  # log-probs read this step's logits now, before another step
+            elif isinstance(extras, AfterSample):  # the model's copy brought the ids to the host already
                 sampled.extras, sampled.token_ids = extras.extras, extras.token_ids
             else:
                 sampled.extras, sampled.token_ids = extras, tokens.tolist()  # the step's one host sync
-            sampled.logprobs = self._logprobs(seqs, hidden, logits, sampled.token_ids)
+            if sampled.pending is None:
+                sampled.logprobs = self._logprobs(seqs, hidden, logits, sampled.token_ids)
         self.gpu_clock.stop()  # a step that samples nothing (a prefill chunk) ends its pair here
         return sampled
 
@@ -243,9 +301,12 @@ class AREngine:
         """Advance every span's sequence (its taps), then give each sampled one its token."""
         results: dict[str, StepOutput] = {}
         for span in batch.spans:
-            results[span.seq.rid] = self._advance(span, out, taps)
+            if not span.seq.is_finished:  # ended (or aborted) while this step ran ahead of the last one's results
+                results[span.seq.rid] = self._advance(span, out, taps)
         for i, span in enumerate(sampled.spans):
-            res = results[span.seq.rid]
+            res = results.get(span.seq.rid)
+            if res is None:
+                continue
             if sampled.token_ids[i] < 0:
                 self._abort_nonfinite(span.seq, res)
                 continue
@@ -254,7 +315,7 @@ class AREngine:
                 res.logprobs = [sampled.logprobs[i]]
             if sampled.extras is not None:
                 res.extra = sampled.extras[i]
-            self._append_token(span.seq, sampled.token_ids[i], res)
+            self._append_token(span.seq, sampled.token_ids[i], res, over_placeholder=sampled.ahead)
         return list(results.values())
 
     def _advance(self, span: Any, out: Any, taps: tuple[int, ...]) -> StepOutput:
@@ -299,8 +360,11 @@ class AREngine:
             logits = self.runner.logits(hidden)
         return gather_logprobs(logits, [max(t, 0) for t in token_ids], tops)
 
-    def _append_token(self, seq: Sequence, token: int, res: StepOutput) -> None:
-        seq.output_token_ids.append(token)
+    def _append_token(self, seq: Sequence, token: int, res: StepOutput, over_placeholder: bool = False) -> None:
+        if over_placeholder:  # a lookahead step holds the sequence's newest position for this id
+            seq.output_token_ids[-1] = token
+        else:
+            seq.output_token_ids.append(token)
         self.num_generated += 1
         p = seq.params
         reason = None
@@ -318,8 +382,9 @@ class AREngine:
         return self.scheduler.has_unfinished()
 
     def has_work(self) -> bool:
-        """True when `step` would compute something now (parked sequences do not count)."""
-        return self.scheduler.has_ready()
+        """True when `step` would compute something now (parked sequences do not count), or a step
+        launched ahead waits for its results."""
+        return self._ahead is not None or self.scheduler.has_ready()
 
     def stats(self) -> dict[str, Any]:
         blocks = self.scheduler.blocks
@@ -333,6 +398,7 @@ class AREngine:
             "num_steps": self.num_steps,
             "num_generated_tokens": self.num_generated,
             "num_computed_tokens": self.num_computed,
+            "num_lookahead_steps": self.num_lookahead_steps,
             "cached_free_blocks": blocks.num_cached_free_blocks,
             "prefix_cache_hit_tokens": blocks.hit_tokens,
             "prefix_cache_queried_tokens": blocks.queried_tokens,

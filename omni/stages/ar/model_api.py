@@ -34,7 +34,7 @@ Rules an adapter must keep:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -124,6 +124,17 @@ class AfterSample:
     token_ids: list[int]
 
 
+class PendingSample:
+    """`after_sample`'s answer while its copy to the host is still in flight: `resolve()` waits for it
+    and gives the `AfterSample`. The engine may launch the next decode step first (lookahead.py)."""
+
+    def __init__(self, finish: Callable[[], AfterSample]) -> None:
+        self._finish = finish
+
+    def resolve(self) -> AfterSample:
+        return self._finish()
+
+
 class ARModel:
     """Base class of model adapters; override the required methods and any hooks.
 
@@ -135,6 +146,10 @@ class ARModel:
 
     supports_cuda_graphs = False
     decode_form: DecodeForm | None = None
+    # True: a decode step's inputs never read the last sampled ids on the host (they are built from
+    # device state that `after_sample` keeps, e.g. the talker's frame embeddings), and `after_sample`
+    # returns a `PendingSample`: the engine may launch step N+1 before step N's ids arrive (lookahead.py)
+    lookahead_decode = False
 
     def logits_processors(self) -> list:
         """`omni.stages.ar.sampler.LogitsProcessor`s applied to every row (e.g. suppressed ids)."""
@@ -191,12 +206,13 @@ class ARModel:
         return True
 
     def after_sample(self, seqs: list["Sequence"], tokens: torch.Tensor, hidden: torch.Tensor
-                     ) -> list[dict] | AfterSample | None:
+                     ) -> list[dict] | AfterSample | PendingSample | None:
         """Runs after sampling, before stop checks and before the tokens reach the host:
         `tokens` [N] on the device (-1 for a row whose logits were not finite), `hidden` [N, H]
         the rows that made the logits. May return one dict per sequence; the engine passes it
         on as `StepOutput.extra` (e.g. the talker's other codebook codes). A model that copies
-        the tokens to the host itself returns `AfterSample` with them: the step syncs once."""
+        the tokens to the host itself returns `AfterSample` with them: the step syncs once (or a
+        `PendingSample` while that copy is in flight)."""
         return None
 
     def release(self, seq: "Sequence") -> None:

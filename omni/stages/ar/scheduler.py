@@ -107,6 +107,14 @@ class Scheduler:
                 return self.blocks.can_admit(seq, hits, cached + min(left, self.max_num_batched_tokens))
         return False
 
+    def decodes_only(self, seqs: list[Sequence]) -> bool:
+        """The next step would decode exactly `seqs` (the sequences of a decode step in flight): nobody
+        could be admitted and no other running sequence is ready (lookahead.py)."""
+        if self.waiting and self._can_admit():
+            return False
+        ids = {id(s) for s in seqs}
+        return not any(s.num_uncomputed_tokens > 0 and id(s) not in ids and self.ready(s) for s in self.running)
+
     def _lookup(self, seq: Sequence) -> tuple[list[int], int, int]:
         """A waiting sequence's cached blocks, the tokens they hold, and the tokens left to compute."""
         hits = self.blocks.match(seq)

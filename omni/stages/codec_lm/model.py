@@ -26,7 +26,9 @@ import torch
 from torch import nn
 
 from omni.layers.rotary import mrope_cos_sin
-from omni.stages.ar.model_api import AfterSample, ARModel, DecodeForm, ForwardBatch, ForwardOutput, KVCacheSpec
+from omni.stages.ar.model_api import (AfterSample, ARModel, DecodeForm, ForwardBatch, ForwardOutput, KVCacheSpec,
+                                      PendingSample)
+from omni.stages.ar.host_copy import HostCopy
 from omni.stages.ar.sampler import SuppressTokens
 from omni.stages.codec_lm.code_predictor import PREDICTOR_TOP_K, PREDICTOR_TOP_P, sampled_codes
 from omni.stages.codec_lm.code_predictor_graphs import CodePredictorGraphs
@@ -46,6 +48,7 @@ class CodecLM(nn.Module, ARModel):
     supports_cuda_graphs = True  # forward reads no spans and, on CUDA, syncs no host
     predictor_top_k, predictor_top_p = PREDICTOR_TOP_K, PREDICTOR_TOP_P  # the code predictor's filters
     decode_form = DecodeForm(embeds=True, pos_lead=(3,), pos_dtype=torch.float32)  # frame embeddings, M-RoPE
+    lookahead_decode = True  # the next step's input is the frame embedding kept on the device
 
     # ---- ARModel ------------------------------------------------------------------------
     def kv_cache_spec(self) -> KVCacheSpec:
@@ -132,23 +135,27 @@ class CodecLM(nn.Module, ARModel):
         return [SuppressTokens(self.suppress_token_ids, self.text_cfg.vocab_size, self.codec_head.weight.device)]
 
     @torch.inference_mode()
-    def after_sample(self, seqs, tokens: torch.Tensor, hidden: torch.Tensor) -> list[dict]:
+    def after_sample(self, seqs, tokens: torch.Tensor, hidden: torch.Tensor) -> PendingSample:
         """The code predictor fills groups 1..G-1 for every row while the codes stay on the
-        device; one copy brings all codes to the host, and only rows that go on keep a frame."""
+        device; every row's frame embedding is kept on the device at once (the next step's input:
+        a row that does not go on ends with this step, so its frame is never read), and one
+        non-blocking copy brings all codes to the host; `resolve` waits for it."""
         reqs: list[CodecLMRequest] = [seq.model_state[STATE_KEY] for seq in seqs]
         code0 = tokens.clamp_min(0)  # -1: a non-finite row, failed by the engine
         code0_embed = self.model.codec_embedding(code0)
         codes, embeds = self._predict_codes(hidden.to(code0_embed.dtype), code0_embed, reqs)
         frames = torch.cat((code0_embed[:, None], embeds), dim=1).sum(1)
         goes_on = self.goes_on(seqs, tokens)
-        host = torch.cat((tokens[:, None], goes_on[:, None].long(), code0[:, None], codes), dim=1).cpu()
-        sampled, go, all_codes = host[:, 0].tolist(), host[:, 1].tolist(), host[:, 2:]
-        extras: list[dict] = [{} for _ in seqs]
         for i, req in enumerate(reqs):
-            if go[i]:
-                req.frame_embeds.append(frames[i])
-                extras[i] = {"codes": all_codes[i]}
-        return AfterSample(extras, sampled)
+            req.frame_embeds.append(frames[i])
+        copy = HostCopy(torch.cat((tokens[:, None], goes_on[:, None].long(), code0[:, None], codes), dim=1))
+
+        def finish() -> AfterSample:
+            host = copy.wait()
+            sampled, go, all_codes = host[:, 0].tolist(), host[:, 1].tolist(), host[:, 2:]
+            return AfterSample([{"codes": all_codes[i]} if go[i] else {} for i in range(len(reqs))], sampled)
+
+        return PendingSample(finish)
 
     def use_predictor_graphs(self, max_batch: int) -> None:
         """Frames run the code predictor from one CUDA graph per batch bucket, sampling included,
