@@ -115,3 +115,33 @@ def test_lookahead_is_on_with_decode_graphs_and_off_without(tts):
                                                         "max_model_len": 512, "cuda_graphs": False}, in_ports=["prompt"], out_ports=["codes"]))
     eager.setup()
     assert not eager.engine.lookahead  # no decode graphs: nothing to launch ahead
+
+
+def test_qwen3_omni_speech_with_lookahead_equals_without(tmp_path):
+    """The whole Qwen3-Omni graph, three requests at once (the talker waits on the thinker's streamed
+    rows, so lookahead steps are also refused and rolled back): the same tokens and codes with the
+    talker's lookahead on and off."""
+    from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+    from omni.models.qwen3_omni.graph import build
+    from qwen3_fixtures import LoopThread, RunningKernel, expose_codes, params, prompts
+
+    ckpt = str(make_tiny(tmp_path / "tiny-b", seed=2, preset="tiny-b"))
+    messages = prompts()["text"]
+    requests = []
+    for i, (voice, talker_tokens) in enumerate((("ethan", 24), ("chelsie", 31), ("ethan", 17))):
+        p = params(messages, voice, 8 + 2 * i, talker_tokens, ignore_eos=True)
+        p["sampling"]["talker"].update(temperature=0.9, seed=3 + i)
+        requests.append(p)
+    loop, results, steps = LoopThread(), {}, {}
+    try:
+        for lookahead in (True, False):
+            graph, _ = build(ckpt, threads=1, stage_args={"talker": {"cuda_graphs": True, "lookahead_decode": lookahead}})
+            with RunningKernel(loop, expose_codes(graph), mode="inline") as kernel:
+                results[lookahead] = kernel.many(requests)
+                steps[lookahead] = kernel.stats()["talker.0"].get("num_lookahead_steps")
+    finally:
+        loop.close()
+    assert steps[True] and steps[True] > 5 and not steps[False]
+    for ahead, plain in zip(results[True], results[False]):
+        assert ahead.tokens == plain.tokens
+        assert ahead.codes is not None and ahead.codes.shape == plain.codes.shape and (ahead.codes == plain.codes).all()
