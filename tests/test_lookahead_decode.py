@@ -119,8 +119,9 @@ def test_lookahead_is_on_with_decode_graphs_and_off_without(tts):
 
 def test_qwen3_omni_speech_with_lookahead_equals_without(tmp_path):
     """The whole Qwen3-Omni graph, three requests at once (the talker waits on the thinker's streamed
-    rows, so lookahead steps are also refused and rolled back): the same tokens and codes with the
-    talker's lookahead on and off."""
+    rows, so lookahead steps are also refused and rolled back; the thinker's lookahead steps take
+    their ids on the device and stream their hidden rows): the same tokens and codes with lookahead
+    on and off in both."""
     from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
     from omni.models.qwen3_omni.graph import build
     from qwen3_fixtures import LoopThread, RunningKernel, expose_codes, params, prompts
@@ -135,13 +136,30 @@ def test_qwen3_omni_speech_with_lookahead_equals_without(tmp_path):
     loop, results, steps = LoopThread(), {}, {}
     try:
         for lookahead in (True, False):
-            graph, _ = build(ckpt, threads=1, stage_args={"talker": {"cuda_graphs": True, "lookahead_decode": lookahead}})
+            ahead = {"cuda_graphs": True, "lookahead_decode": lookahead}
+            graph, _ = build(ckpt, threads=1, stage_args={"thinker": ahead, "talker": ahead})
             with RunningKernel(loop, expose_codes(graph), mode="inline") as kernel:
                 results[lookahead] = kernel.many(requests)
-                steps[lookahead] = kernel.stats()["talker.0"].get("num_lookahead_steps")
+                stats = kernel.stats()
+                steps[lookahead] = [stats[f"{s}.0"].get("num_lookahead_steps") for s in ("thinker", "talker")]
     finally:
         loop.close()
-    assert steps[True] and steps[True] > 5 and not steps[False]
+    assert min(steps[True]) > 5 and not any(steps[False])
     for ahead, plain in zip(results[True], results[False]):
         assert ahead.tokens == plain.tokens
         assert ahead.codes is not None and ahead.codes.shape == plain.codes.shape and (ahead.codes == plain.codes).all()
+
+
+def test_a_subclass_that_changes_the_input_hooks_is_not_looked_ahead_of():
+    from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
+    from omni.stages.ar.lookahead import model_looks_ahead
+
+    class HostIds(Qwen3OmniThinker):  # embeds the host's ids: its next input needs step N's ids on the host
+        def input_embeds(self, seq, start, end):
+            return None
+
+    class SaysSoAgain(HostIds):
+        lookahead_decode = True
+
+    assert model_looks_ahead(Qwen3OmniThinker) and model_looks_ahead(TTSTalkerModel)
+    assert not model_looks_ahead(HostIds) and model_looks_ahead(SaysSoAgain)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -22,7 +22,8 @@ from omni.layers.paged_attention import allocate_kv_cache
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.cuda_graphs import DecodeGraphs
 from omni.stages.ar.logprobs import gather_logprobs
-from omni.stages.ar.lookahead import plan_lookahead
+from omni.stages.ar.host_copy import HostCopy
+from omni.stages.ar.lookahead import model_looks_ahead, plan_lookahead
 from omni.stages.ar.model_api import AfterSample, ARModel, PendingSample
 from omni.stages.ar.runner import ModelRunner
 from omni.stages.ar.sampler import Sampler
@@ -76,6 +77,7 @@ class _Sampled:
     extras: list[dict] | None = None
     logprobs: list | None = None
     pending: PendingSample | None = None  # the ids' copy to the host, still in flight
+    tokens: Any = None  # the ids on the device ([n]; -1: a failed row), a lookahead step's input ids
     ahead: bool = False  # a lookahead step was planned on these: each sequence holds a placeholder for its id
 
     def resolve(self) -> None:
@@ -93,6 +95,11 @@ class _Launched:
     out: Any
     taps: tuple[int, ...]
     sampled: _Sampled
+
+
+def _ids_on_their_way(tokens: torch.Tensor, extras: list[dict] | None) -> PendingSample:
+    copy = HostCopy(tokens)
+    return PendingSample(lambda: AfterSample(extras, copy.wait().tolist()))
 
 
 class AREngine:
@@ -131,7 +138,7 @@ class AREngine:
                                          config.device, kernel, self.sampler)
         self.runner = ModelRunner(model, self.kv_cache, config.block_size, config.device, runner_graphs, kernel)
         # lookahead.py; the class's own flag (a wrapper such as the TP proxy forwards attributes)
-        self.lookahead = bool(graphs and config.lookahead_on and getattr(type(model), "lookahead_decode", False))
+        self.lookahead = bool(graphs and config.lookahead_on and model_looks_ahead(type(model)))
         self._ahead: _Launched | None = None  # the step launched ahead of the last one's results
         self.seqs: dict[str, Sequence] = {}
         self.eos = frozenset(config.eos_token_ids)
@@ -222,14 +229,14 @@ class AREngine:
         launched.sampled.resolve()  # the step's one host sync
         return self._postprocess(launched.batch, launched.out, launched.taps, launched.sampled)
 
-    def _launch(self, sched: SchedulerOutput) -> _Launched:
-        batch, out, taps = self._run(sched)
+    def _launch(self, sched: SchedulerOutput, ids: torch.Tensor | None = None) -> _Launched:
+        batch, out, taps = self._run(sched, ids)
         return _Launched(batch, out, taps, self._sample(batch, out))
 
     def _launch_ahead(self, launched: _Launched) -> _Launched | None:
         """Step N+1 of `launched`'s decoding sequences, queued before step N's ids are read (lookahead.py)."""
         sampled = launched.sampled
-        if sampled.pending is None or launched.taps or len(sampled.spans) != len(launched.batch.spans) \
+        if sampled.pending is None or len(sampled.spans) != len(launched.batch.spans) \
                 or any(s.num_tokens != 1 for s in sampled.spans):
             return None
         graphs = self.runner.graphs
@@ -241,7 +248,12 @@ class AREngine:
             return None
         sampled.ahead = True
         self.num_lookahead_steps += 1
-        return self._launch(SchedulerOutput(items))
+        if launched.taps:  # the next replay rewrites the graph's output buffers before these are read
+            launched.out = replace(launched.out, taps={t: v.clone() for t, v in launched.out.taps.items()})
+        ids = sampled.tokens
+        if len(live) < len(sampled.spans):
+            ids = ids[torch.tensor([i for i, s in enumerate(sampled.spans) if not s.seq.is_finished], device=ids.device)]
+        return self._launch(SchedulerOutput(items), ids)
 
     def _schedule(self) -> SchedulerOutput | None:
         """The step's sequences (None: nothing to run); preempted ones give their sampler slot back
@@ -256,10 +268,13 @@ class AREngine:
                 self.sampler.assign(item.seq)
         return sched
 
-    def _run(self, sched: SchedulerOutput) -> tuple[Any, Any, tuple[int, ...]]:
-        """The forward pass: (batch, its output, the tap layers it returned)."""
+    def _run(self, sched: SchedulerOutput, ids: torch.Tensor | None = None) -> tuple[Any, Any, tuple[int, ...]]:
+        """The forward pass: (batch, its output, the tap layers it returned); `ids`: the input ids
+        on the device (a lookahead step's, sampled by the step before)."""
         taps = self.config.tap_layers if any(s.seq.return_hidden for s in sched.scheduled) else ()
         batch = self.runner.prepare(sched.scheduled, taps)
+        if ids is not None:
+            self.runner.feed_ids(batch, ids)
         self.gpu_clock.start()
         out = self.runner.run(batch)
         self.num_steps += 1
@@ -284,12 +299,16 @@ class AREngine:
                 tokens = self.sampler.sample(logits, self.sampler.slots_of(seqs), self.sampler.mode_for(seqs), seqs)
             extras = self.model.after_sample(seqs, tokens, hidden)
             self.gpu_clock.stop()
+            sampled.tokens = tokens
+            wants_logprobs = any(s.params.logprobs is not None for s in seqs)
             if isinstance(extras, PendingSample):  # the model's copy is on its way: `resolve` waits
                 sampled.pending = extras
-                if any(s.params.logprobs is not None for s in seqs):
+                if wants_logprobs:
                     sampled.resolve()  # log-probs read this step's logits now, before another step
             elif isinstance(extras, AfterSample):  # the model's copy brought the ids to the host already
                 sampled.extras, sampled.token_ids = extras.extras, extras.token_ids
+            elif self.lookahead and not wants_logprobs:  # the ids' copy starts now, `resolve` waits for it
+                sampled.pending = _ids_on_their_way(tokens, extras)
             else:
                 sampled.extras, sampled.token_ids = extras, tokens.tolist()  # the step's one host sync
             if sampled.pending is None:

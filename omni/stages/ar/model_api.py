@@ -147,8 +147,9 @@ class ARModel:
     supports_cuda_graphs = False
     decode_form: DecodeForm | None = None
     # True: a decode step's inputs never read the last sampled ids on the host (they are built from
-    # device state that `after_sample` keeps, e.g. the talker's frame embeddings), and `after_sample`
-    # returns a `PendingSample`: the engine may launch step N+1 before step N's ids arrive (lookahead.py)
+    # device state that `after_sample` keeps, e.g. the talker's frame embeddings, or are the ids, which the
+    # engine feeds on the device), and `after_sample` returns a `PendingSample` or nothing (no host copy of
+    # its own): the engine may launch step N+1 before step N's ids arrive (lookahead.py)
     lookahead_decode = False
 
     def logits_processors(self) -> list:

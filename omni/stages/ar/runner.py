@@ -75,6 +75,13 @@ class ModelRunner:
             tap_layers=tap_layers,
         )
 
+    def feed_ids(self, batch: ForwardBatch | GraphDecodeStep, ids: torch.Tensor) -> None:
+        """Overwrite a prepared step's input ids with ids on the device (a lookahead step's, sampled
+        by the step before it: omni/stages/ar/lookahead.py), queued after its host inputs."""
+        ids = ids.clamp_min(0)  # -1: a failed row, whose successor's output is dropped
+        target = batch.static.batch.input_ids if isinstance(batch, GraphDecodeStep) else batch.input_ids
+        target[: ids.shape[0]].copy_(ids)
+
     @torch.inference_mode()
     def run(self, batch: ForwardBatch | GraphDecodeStep) -> ForwardOutput:
         if isinstance(batch, GraphDecodeStep):

@@ -94,6 +94,7 @@ class Qwen3OmniThinker(nn.Module, ARModel):
 
     supports_cuda_graphs = True  # decode reads no spans (deepstack rows are prompt-only), no host syncs on CUDA
     decode_form = DecodeForm(embeds=False, pos_lead=(3,), pos_dtype=torch.float32)  # ids in, M-RoPE positions
+    lookahead_decode = True  # a decode step reads its ids (the engine feeds them on the device) and host-known positions
 
     def __init__(self, cfg: ThinkerConfig, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
