@@ -27,13 +27,13 @@ def tts(tmp_path_factory):
 class Run:
     """A preprocess + talker pair driven step by step; frames and finish reasons per request."""
 
-    def __init__(self, tts, lookahead: bool) -> None:
+    def __init__(self, tts, lookahead: bool, device: str = "cpu") -> None:
         model_dir, model = tts
         self.pre = PreprocessStage(StageContext("preprocess", args={"model_dir": str(model_dir)}, out_ports=["prompt"]))
         self.pre.setup()
         self.talker = TTSTalkerStage(StageContext("talker", args={
             "model": model, "model_dir": str(model_dir), "num_blocks": 256, "block_size": 8, "max_model_len": 512,
-            "cuda_graphs": True, "lookahead_decode": lookahead}, in_ports=["prompt"], out_ports=["codes"]))
+            "cuda_graphs": True, "lookahead_decode": lookahead, "device": device}, in_ports=["prompt"], out_ports=["codes"]))
         self.talker.setup()
         self.frames: dict[str, list] = {}
         self.finished: set[str] = set()
@@ -69,14 +69,19 @@ class Run:
         return {rid: np.concatenate(f) if f else np.zeros((0,)) for rid, f in self.frames.items()}
 
 
-def both(tts, script) -> tuple[dict, dict, Run]:
-    runs = [Run(tts, lookahead) for lookahead in (True, False)]
+def both(tts, script, device: str = "cpu") -> tuple[dict, dict, Run]:
+    runs = [Run(tts, lookahead, device) for lookahead in (True, False)]
     out = [script(run) for run in runs]
     return out[0], out[1], runs[0]
 
 
-def test_frames_equal_the_ordinary_path_with_stops_arrivals_and_aborts(tts):
-    probe = Run(tts, False)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_frames_equal_the_ordinary_path_with_stops_arrivals_and_aborts(tts, device):
+    """On CUDA: the real overlap (graphs captured, the codes' copy to pinned memory in flight while
+    the next step is queued)."""
+    if device == "cuda":
+        tts = (tts[0], TTSTalkerModel.from_checkpoint(tts[0]).to("cuda"))
+    probe = Run(tts, False, device)
     probe.open(1, 40)
     drawn = probe.drain()["r1"][:, 0]
     stop = int(drawn[6])  # r1 draws it at frame 6 (or earlier): a stop id mid-stream
@@ -95,7 +100,7 @@ def test_frames_equal_the_ordinary_path_with_stops_arrivals_and_aborts(tts):
         run.frames.pop("r2")
         return run.drain()
 
-    ahead, plain, run = both(tts, script)
+    ahead, plain, run = both(tts, script, device)
     assert run.talker.engine.num_lookahead_steps > 10
     assert set(ahead) == set(plain) == {"r0", "r1", "r3"}
     for rid in plain:
