@@ -375,10 +375,65 @@ def test_fp8_checkpoint_kept_e4m3_as_on_a_gpu(tmp_path, monkeypatch):
             assert torch.equal(state[name], value), name
 
 
+PROMPTS = [_chat(b"hello there, how are you today?"), _chat(b"Name three colours")]
+
+
+def _prompt_hidden(model, device: str = "cpu", **engine) -> tuple[torch.Tensor, dict]:
+    """The final layer's hidden state at every prompt position of PROMPTS (float32), and the engine's stats."""
+    layers = model.cfg.text.num_layers
+    eng = AREngine(model, EngineConfig(block_size=16, num_blocks=64, max_num_seqs=2, max_model_len=128,
+                                       device=device, tap_layers=(layers,), **engine))
+    seqs = [eng.add_request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
+                            return_hidden=True) for i, p in enumerate(PROMPTS)]
+    first = {}
+    while eng.has_unfinished():
+        for out in eng.step():
+            first.setdefault(out.rid, out.taps[layers])
+    return torch.cat([first[s.rid][: len(p)] for s, p in zip(seqs, PROMPTS)]).float().cpu(), eng.stats()
+
+
+def _emulated_fp8_error(fp8, tmp_path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosine of the FP8 maths' final hidden states (emulated on CPU, tests/fp8_emulation.py) against the
+    dequantized float32 model's, per prompt position; and which positions had an expert choice flipped."""
+    from fp8_emulation import fp8_activations, record_routes
+
+    dequantized = write_dequantized(fp8, tmp_path / "dequantized-f32", torch.float32)
+    plain_routes, fp8_routes = [], []
+    with pytest.MonkeyPatch.context() as mp:
+        record_routes(mp, plain_routes)
+        want, _ = _prompt_hidden(Qwen3OmniThinker.from_checkpoint(dequantized))
+    model = Qwen3OmniThinker.from_checkpoint(dequantized)
+    with pytest.MonkeyPatch.context() as mp, fp8_activations(model, mp, fp8_routes) as hooked:
+        assert hooked == 4 * model.cfg.text.num_layers  # q, k, v, o of every layer (the MLPs are experts)
+        got, _ = _prompt_hidden(model)
+    flipped = torch.zeros(len(got), dtype=torch.bool)
+    for a, b in zip(plain_routes, fp8_routes):
+        if a.shape[0] == len(got):  # the prompt steps' calls (both prompts in one step)
+            flipped |= (a != b).any(-1)
+    return torch.nn.functional.cosine_similarity(got, want, dim=-1), flipped
+
+
+def test_the_fp8_maths_error_on_the_tiny_model_is_activation_rounding_and_routing_flips(tmp_path, monkeypatch):
+    """What the GPU's FP8 kernels are held to: their maths emulated on CPU against the dequantized model.
+    Activation rounding alone keeps every position close; the far ones are tokens whose expert choice
+    the rounding flipped (a tiny random model's router logits sit close together)."""
+    from omni.models.qwen3_omni.checkpoint import tiny_presets
+
+    torch.set_num_threads(1)
+    monkeypatch.setitem(tiny_presets.PRESETS, "whole-blocks", tiny_presets.TinyPreset(**WHOLE_BLOCKS))
+    fp8 = make_tiny(tmp_path / "fp8", seed=1, preset="whole-blocks", fp8=True)
+    cos, flipped = _emulated_fp8_error(fp8, tmp_path)
+    assert 0.97 <= cos.mean() < 0.9999  # rounded: close, not equal
+    assert (cos[~flipped] >= 0.95).all(), cos[~flipped].min()
+    assert (cos < 0.95).sum() <= flipped.sum()
+
+
 @pytest.mark.gpu
 def test_fp8_checkpoint_on_cuda_runs_the_fp8_kernels(tmp_path, monkeypatch):
     """On a GPU the same checkpoint keeps its e4m3 weights, decodes from CUDA graphs, and its prompt's
-    final hidden states stay within activation rounding of the dequantized bf16 load's."""
+    final hidden states stay as close to the dequantized bf16 load's as the kernels' maths allows: no
+    further than that maths emulated on CPU (measured 2026-12-03: GPU cosine mean 0.9875, min 0.76;
+    emulated 0.9870, min 0.78; the low ones are routing flips)."""
     from omni.models.qwen3_omni.checkpoint import tiny_presets
 
     monkeypatch.setitem(tiny_presets.PRESETS, "whole-blocks", tiny_presets.TinyPreset(**WHOLE_BLOCKS))
@@ -389,22 +444,10 @@ def test_fp8_checkpoint_on_cuda_runs_the_fp8_kernels(tmp_path, monkeypatch):
     assert isinstance(got.model.layers[0].self_attn.q_proj, Fp8Linear) and got.model.layers[0].self_attn.q_proj.weight.is_cuda
     talker = TalkerModel.from_checkpoint(fp8, dtype=torch.bfloat16, device="cuda")
     assert is_fp8_experts(talker.model.layers[0].mlp.experts)
-    prompts = [_chat(b"hello there, how are you today?"), _chat(b"Name three colours")]
-
-    def run(model):
-        layers = model.cfg.text.num_layers
-        eng = AREngine(model, EngineConfig(block_size=16, num_blocks=64, max_num_seqs=2, max_model_len=128,
-                                           device="cuda", attention_backend="triton", tap_layers=(layers,)))
-        seqs = [eng.add_request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
-                                return_hidden=True) for i, p in enumerate(prompts)]
-        first = {}
-        while eng.has_unfinished():
-            for out in eng.step():
-                first.setdefault(out.rid, out.taps[layers])
-        return torch.cat([first[s.rid][: len(p)] for s, p in zip(seqs, prompts)]).float(), eng.stats()
-
-    hidden, stats = run(got)
-    hidden_ref, _ = run(want)
+    hidden, stats = _prompt_hidden(got, "cuda", attention_backend="triton")
+    hidden_ref, _ = _prompt_hidden(want, "cuda", attention_backend="triton")
     assert stats.get("decode_graph_steps"), stats
     cos = torch.nn.functional.cosine_similarity(hidden, hidden_ref, dim=-1)
-    assert cos.mean() >= 0.99 and cos.min() >= 0.95, (cos.mean(), cos.min())
+    emulated, _ = _emulated_fp8_error(fp8, tmp_path)
+    assert cos.mean() >= emulated.mean() - 0.005 and cos.min() >= emulated.min() - 0.1, \
+        (cos.mean(), cos.min(), emulated.mean(), emulated.min())
