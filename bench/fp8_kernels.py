@@ -22,6 +22,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from omni.layers.fp8 import quantize_blocks  # noqa: E402
+from omni.layers import fp8_cublas  # noqa: E402
 from omni.layers.fp8_gemm import GemmConfig, block_fp8_matmul  # noqa: E402
 from omni.layers.fp8_modules import quantize_experts  # noqa: E402
 from omni.layers.moe_fp8 import fused_fp8_experts  # noqa: E402
@@ -56,6 +57,11 @@ def dense_rows(rows: list[int], iters: int, sweep: bool) -> list[dict]:
             row = {"op": name, "rows": m, "bf16_us": timed(lambda: F.linear(x, w), iters),
                    "fp8_us": timed(lambda: block_fp8_matmul(x, q, s), iters)}
             row["ratio"] = round(row["fp8_us"] / row["bf16_us"], 3)
+            if fp8_cublas.usable(x.device):  # cuBLAS block-scaled FP8 (what fp8_linear takes where usable)
+                row["cublas_fp8_us"] = timed(lambda: fp8_cublas.cublas_fp8_linear(x, q, s), iters)
+                row["cublas_ratio"] = round(row["cublas_fp8_us"] / row["bf16_us"], 3)
+            else:
+                row["cublas_fp8"] = fp8_cublas._probed.get(x.device.index or 0)
             if sweep:
                 grid = {}
                 for bm in (16, 32, 64):

@@ -13,6 +13,8 @@ variables: see omni/stages/args.py).
 - OMNI_BUS_HOST, OMNI_NODE, OMNI_KERNEL_BUS: set by omni in stage processes placed across hosts (the IP
   their mailbox binds, the node they run on, the kernel's TCP address: omni/cluster/addresses.py);
 - OMNI_NETWORK_TRANSPORT: the network channel's wire, zmq (default; nixl / mooncake are refused for now);
+- OMNI_FP8_GEMM: the dense FP8 GEMM on CUDA, auto (default: cuBLAS block-scaled where its probe passes, else
+  Triton), triton, or cublas (omni/layers/fp8_cublas.py);
 - TRITON_INTERPRET=1 (triton's own): its kernels run on the CPU interpreter (tests).
 """
 
@@ -39,6 +41,13 @@ def api_key() -> str | None:
 
 def census_dir() -> str | None:
     return os.environ.get("OMNI_CENSUS_DIR") or None
+
+
+def fp8_gemm() -> str:
+    choice = os.environ.get("OMNI_FP8_GEMM", "auto") or "auto"
+    if choice not in ("auto", "triton", "cublas"):
+        raise ValueError(f"OMNI_FP8_GEMM={choice!r}: use auto, triton or cublas")
+    return choice
 
 
 def triton_interpret() -> bool:

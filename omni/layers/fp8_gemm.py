@@ -1,8 +1,9 @@
 """The block-scaled FP8 GEMM of the dense decoder linears, in Triton: y = x W^T with W e4m3 in
 128x128 blocks (`fp8.quantize_blocks`) and x quantized on the fly, per token and group of 128.
 
-Why Triton and not `torch._scaled_mm`: its scaling is per tensor or per row/column (rowwise), not
-per 128x128 weight block, so block-scaled checkpoints would need requantizing. Here each K step
+On CUDA `fp8_linear` takes cuBLAS's block-scaled FP8 instead where a probe shows it usable
+(fp8_cublas.py: torch's `scaled_mm` with 1x128 / 128x128 scales, SM90); this kernel is the fallback
+and the reference on other GPUs. Here each K step
 loads an x tile [BLOCK_M, 128] in its own dtype, takes the row amax (scale_a = amax / 448),
 casts x / scale_a to e4m3 in registers, runs one e4m3 x e4m3 tensor-core dot and adds it into the
 float32 accumulator times scale_a (per row) * scale_w (per 128 columns). No activation buffer, no
@@ -165,7 +166,13 @@ def block_fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """y = x W^T for block-FP8 W: the Triton kernel on CUDA; elsewhere x times the dequantized W."""
+    """y = x W^T for block-FP8 W: on CUDA cuBLAS's block-scaled FP8 where usable, else the Triton
+    kernel; elsewhere x times the dequantized W."""
+    if x.is_cuda:
+        from omni.layers import fp8_cublas
+
+        if fp8_cublas.usable(x.device):
+            return fp8_cublas.cublas_fp8_linear(x, weight, scale)
     if x.is_cuda and triton is not None:
         return block_fp8_matmul(x, weight, scale)
     if env.triton_interpret() and triton is not None:
