@@ -75,3 +75,49 @@ def test_a_prefill_that_cannot_be_admitted_leaves_the_step_to_the_decodes():
     run_step(scheduler)  # a holds 3 of the 4 blocks
     scheduler.add(seq("big", 12))  # needs 3 blocks: not now
     assert run_step(scheduler) == {"a": 1}
+
+
+def test_a_prefill_interval_gathers_arrivals_into_fewer_prefill_steps():
+    """prefill_interval=3: an arrival waits at most three decode steps, and the arrivals of those steps
+    share one prefill step; decodes still never wait two prefill steps."""
+    scheduler = Scheduler(EngineConfig(max_num_seqs=32, max_num_batched_tokens=256, num_blocks=1024, block_size=4,
+                                       max_model_len=64, enable_prefix_caching=False, split_prefill=True,
+                                       prefill_interval=3))
+    for i in range(3):
+        scheduler.add(seq(f"a{i}", 9, max_tokens=30))
+    kinds, waits, served_at = [], {}, {}
+    for step in range(60):
+        if step < 24:  # one arrival every step
+            scheduler.add(seq(f"n{step}", 5, max_tokens=30))
+            waits[f"n{step}"] = step
+        got = run_step(scheduler)
+        if not got:
+            break
+        kinds.append("P" if any(n > 1 for n in got.values()) else "D")
+        for rid in got:
+            served_at.setdefault(rid, step)
+    assert "PP" not in "".join(kinds)
+    assert all(served_at[rid] - t <= 4 for rid, t in waits.items())  # three decode steps + its prefill step
+    prefills = kinds[:24].count("P")
+    assert 4 <= prefills <= 8  # one prefill step per ~4 steps, not one every other step
+
+
+def test_a_prefill_interval_does_not_wait_once_every_free_slot_is_asked_for():
+    scheduler = Scheduler(EngineConfig(max_num_seqs=3, max_num_batched_tokens=256, num_blocks=1024, block_size=4,
+                                       max_model_len=64, enable_prefix_caching=False, split_prefill=True,
+                                       prefill_interval=50))
+    scheduler.add(seq("a", 9, max_tokens=30))
+    run_step(scheduler)
+    run_step(scheduler)  # a decodes
+    scheduler.add(seq("b", 5))
+    assert run_step(scheduler) == {"a": 1}  # one of two free slots asked for: wait
+    scheduler.add(seq("c", 5))
+    assert run_step(scheduler) == {"b": 5, "c": 5}  # both free slots asked for: prefill now
+
+
+def test_the_interval_is_checked():
+    import pytest
+    from omni.stages.ar.config import EngineConfigError
+
+    with pytest.raises(EngineConfigError, match="prefill_interval"):
+        config(prefill_interval=0)

@@ -7,6 +7,8 @@
 #   tts           Qwen3-TTS 12Hz-1.7B CustomVoice (make-tiny --preset full-1.7b), voice vivian, c = 1,16,64, 64 frames
 #   tts-slots64   the same with talker max_num_seqs=64, c = 64
 #   omni-nolookahead, tts-nolookahead  as omni / tts with lookahead decode off (omni/stages/ar/lookahead.py): its A/B
+#   tts-interval4  as tts with the talker's prefill_interval=4 (arrivals gathered into fewer prefill steps; at c=64
+#                  one talker step in three was a one-row prefill, 24 rows a step on average)
 # carry: .whl (omni's wheels). ~5-6 min. -> $OUT/timeline-*.md, $OUT/timeline-*.json, $OUT/timeline.log,
 # $OUT/omnid_tails.log. Environment: VARIANTS (default "omni omni-slots64 tts tts-slots64"), TOTAL_S (540:
 # a variant that would start past it is skipped), LEVEL_S (40: no new request past it in a level),
@@ -63,6 +65,7 @@ for variant in ${VARIANTS:-omni omni-slots64 tts tts-slots64}; do
     omni-nolookahead) extra=(--concurrency $levels "${tokens[@]}" --set thinker.args.lookahead_decode=false
                              --set talker.args.lookahead_decode=false) ;;
     tts-nolookahead) extra=(--concurrency $levels "${frames[@]}" --set talker.args.lookahead_decode=false) ;;
+    tts-interval4) extra=(--concurrency $levels "${frames[@]}" --set talker.args.prefill_interval=4) ;;
     *) log "unknown variant $variant"; continue ;;
   esac
   dir=$(model_dir "$family")

@@ -45,6 +45,10 @@ class EngineConfig:
     # so that decode steps stay on their CUDA graphs (a mixed step runs eagerly; with one arrival a step
     # at 64 streams every step was mixed); None: with decode graphs
     split_prefill: bool | None = None
+    # with prefill steps apart: decode steps between two prefill steps while decodes run (1: they alternate; k:
+    # an arrival waits up to k decode steps and the arrivals of those steps are prefilled together, fewer prefill
+    # steps at high load; a prefill still runs at once when the slots it could fill are all asked for)
+    prefill_interval: int = 1
     # launch a decode step before the previous one's ids reach the host, for models whose decode inputs
     # stay on the device (the talkers; lookahead.py): the host's half of a step overlaps the GPU's; None:
     # with decode graphs
@@ -70,7 +74,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         self.tap_layers = tuple(int(x) for x in self.tap_layers)
         self.eos_token_ids = tuple(int(x) for x in self.eos_token_ids)
-        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "prefill_interval"):
             if int(getattr(self, name)) < 1:
                 raise EngineConfigError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.attention_backend not in ATTENTION_BACKENDS:

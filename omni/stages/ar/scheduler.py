@@ -12,7 +12,9 @@ Each step spends at most `max_num_batched_tokens` tokens:
 With `prefill_apart` (the default under decode graphs) a step either prefills (admissions and
 prompt chunks of more than one token) or decodes (one token per sequence, a step the engine
 replays from a CUDA graph), never both; while both kinds wait they alternate, so a decode
-waits at most one prefill step and a new request at most one decode step.
+waits at most one prefill step and a new request at most `prefill_interval` decode steps (1 by
+default; more batches a busy engine's arrivals into fewer prefill steps, unless they would fill
+every free slot already).
 
 Why no deadlock: the config guarantees one `max_model_len` sequence fits the cache, and
 the oldest running sequence may preempt every newer one, so it always progresses.
@@ -77,6 +79,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefill_apart = config.prefill_apart
         self.last_prefilled = False  # the last step was a prefill step (prefill_apart)
+        self.prefill_interval = config.prefill_interval
+        self.decodes_since_prefill = 0  # decode steps since the last prefill step (prefill_apart)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -129,6 +133,7 @@ class Scheduler:
         if prefill and not (out.scheduled or out.preempted):  # nothing could be admitted after all
             prefill, out = False, self._schedule(decodes=True, prefills=False)
         self.last_prefilled = prefill
+        self.decodes_since_prefill = 0 if prefill else self.decodes_since_prefill + 1
         return out
 
     def _prefill_due(self) -> bool:
@@ -137,7 +142,14 @@ class Scheduler:
         decodes = any(s.num_uncomputed_tokens == 1 for s in ready)
         if decodes and self.last_prefilled:
             return False
+        if decodes and self.decodes_since_prefill < self.prefill_interval and not self._slots_all_asked_for():
+            return False  # gather this interval's arrivals into one prefill step
         return any(s.num_uncomputed_tokens > 1 for s in ready) or self._can_admit()
+
+    def _slots_all_asked_for(self) -> bool:
+        """As many ready sequences wait as there are free slots: waiting longer gathers nothing more."""
+        free = self.max_num_seqs - len(self.running)
+        return free > 0 and sum(1 for s in self.waiting if self.ready(s)) >= free
 
     def _schedule(self, decodes: bool, prefills: bool) -> SchedulerOutput:
         """Running sequences, then admissions (`prefills`); `decodes` / `prefills` pick which running
