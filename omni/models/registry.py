@@ -120,7 +120,7 @@ class Registry:
     """What `register(registry)` fills. Its stage kinds live in `stages`, the kernel's table for
     omni's REGISTRY (a fresh Registry, as tests make, has a table of its own)."""
 
-    _TABLES = ("stage_kinds", "stage_args", "families", "commands", "tiny_writers", "defaults")  # rolled back on error
+    _TABLES = ("stage_kinds", "stage_args", "stage_aliases", "families", "commands", "tiny_writers", "defaults")  # rolled back on error
 
     def __init__(self, stages: StageKinds | None = None) -> None:
         self.stages = StageKinds() if stages is None else stages
@@ -150,10 +150,20 @@ class Registry:
     def stage_args(self, table: dict[str, str]) -> None:
         self.stages.stage_args = table
 
-    def register_stage(self, kind: str, target: str, args: str | None = None) -> None:
+    @property
+    def stage_aliases(self) -> dict[str, str]:
+        return self.stages.aliases
+
+    @stage_aliases.setter
+    def stage_aliases(self, table: dict[str, str]) -> None:
+        self.stages.aliases = table
+
+    def register_stage(self, kind: str, target: str, args: str | None = None, aliases: tuple[str, ...] = ()) -> None:
         """See StageKinds.register_stage: the one call by which a family (omni's or a plugin's)
-        adds a stage kind, named "<family>.<stage>"."""
+        adds a stage kind, named "<family>.<stage>"; `aliases`: its former names, still accepted."""
         self.stages.register_stage(kind, target, args)
+        for alias in aliases:
+            self.stages.register_alias(alias, kind)
         self._provided.append(f"stage:{kind}")
 
     def register_family(self, name: str, target: str, architectures: list[str] | tuple[str, ...] = (), *,
