@@ -271,6 +271,7 @@ def test_engine_params_are_the_typed_sampling_plus_engine_fields():
     assert all(getattr(p, name) == value for name, value in ENGINE_DEFAULTS.items())
     assert p.seed is None and p.logprobs is None and p.greedy is False and p.neutral
     assert SamplingParams(temperature=3.0).temperature == 3.0
-    for bad in (dict(top_k=-1), dict(max_tokens=0), dict(min_tokens=-1), dict(logprobs=21), dict(top_p=0.0)):
+    assert SamplingParams(top_k=-1).top_k == 0  # the API's "off" (Sampling's TopK) is the engine's 0
+    for bad in (dict(top_k=-2), dict(max_tokens=0), dict(min_tokens=-1), dict(logprobs=21), dict(top_p=0.0)):
         with pytest.raises(InvalidRequest, match=next(iter(bad))):
             SamplingParams(**bad)

@@ -52,6 +52,8 @@ class SamplingParams(Sampling, kw_only=True, gc=False):
         if not all(math.isfinite(v) for _, v in self.logit_bias):
             raise InvalidRequest("logit_bias values must be finite")
         _check(self)
+        if self.top_k == -1:
+            self.top_k = 0
 
     @property
     def greedy(self) -> bool:
@@ -86,7 +88,7 @@ ENGINE_DOMAIN: dict[str, Meta] = {
     "repetition_penalty": Meta(gt=0.0),
     "presence_penalty": Meta(),
     "frequency_penalty": Meta(),
-    "top_k": Meta(ge=0),  # 0 = off
+    "top_k": Meta(ge=-1),  # 0 = off; -1 (vLLM's and the API's "off") is read as 0
     "max_tokens": Meta(ge=1),
     "min_tokens": Meta(ge=0),
     "logprobs": Meta(ge=0, le=20),  # None: no log-probs (logprobs.py)
