@@ -134,29 +134,10 @@ class Registry:
         self.plugins_loaded = False
         self._provider, self._provided = "omni", []  # who is registering now, and what it registered
 
-    @property
-    def stage_kinds(self) -> dict[str, str]:
-        return self.stages.stage_kinds
-
-    @stage_kinds.setter
-    def stage_kinds(self, table: dict[str, str]) -> None:
-        self.stages.stage_kinds = table
-
-    @property
-    def stage_args(self) -> dict[str, str]:
-        return self.stages.stage_args
-
-    @stage_args.setter
-    def stage_args(self, table: dict[str, str]) -> None:
-        self.stages.stage_args = table
-
-    @property
-    def stage_aliases(self) -> dict[str, str]:
-        return self.stages.aliases
-
-    @stage_aliases.setter
-    def stage_aliases(self, table: dict[str, str]) -> None:
-        self.stages.aliases = table
+    # the stage-kind tables live in `stages` (the kernel's StageKinds); here under the names _TABLES rolls back
+    stage_kinds = property(lambda self: self.stages.stage_kinds, lambda self, t: setattr(self.stages, "stage_kinds", t))
+    stage_args = property(lambda self: self.stages.stage_args, lambda self, t: setattr(self.stages, "stage_args", t))
+    stage_aliases = property(lambda self: self.stages.aliases, lambda self, t: setattr(self.stages, "aliases", t))
 
     def register_stage(self, kind: str, target: str, args: str | None = None, aliases: tuple[str, ...] = ()) -> None:
         """See StageKinds.register_stage: the one call by which a family (omni's or a plugin's)
