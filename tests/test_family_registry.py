@@ -245,3 +245,15 @@ def test_former_kind_names_are_accepted_aliases(tmp_path):
     old.validate()
     assert [s.kind for s in old.stages] == [s.kind for s in graph.stages]
     assert all(stage_args(a) == stage_args(b) for a, b in zip(old.stages, graph.stages))
+
+
+def test_every_kind_is_named_family_dot_stage():
+    """One naming of kinds: "<family>.<stage>" (the family may hold dots and dashes: qwen2.5-omni);
+    an alias is a former name and never names a kind that is not registered."""
+    from omni.models.registry import REGISTRY
+
+    REGISTRY.load_plugins()
+    odd = sorted(k for k in REGISTRY.stage_kinds if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*\.[a-z0-9_]+", k))
+    assert not odd, f"kinds not named <family>.<stage>: {odd}"
+    assert all(kind in REGISTRY.stage_kinds and alias not in REGISTRY.stage_kinds
+               for alias, kind in REGISTRY.stage_aliases.items())
