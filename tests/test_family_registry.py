@@ -217,3 +217,43 @@ def test_model_info_names_a_stage_of_its_graph():
     info.sampling_stage = "thinker"
     with pytest.raises(ValueError, match="sampling_stage 'thinker' is not a stage"):
         check_info(graph, info)
+
+
+def test_former_kind_names_are_accepted_aliases(tmp_path):
+    """Kinds are named "<family>.<stage>"; Qwen3-TTS's former names (qwen3_tts_talker, ...) still work in
+    a config: a graph naming them validates, reads as the dotted kind (same class, same typed args), and a
+    stage process handed the table's entries for them builds them."""
+    from omni.kernel.graph import Graph, stage_args
+    from omni.kernel.registry import STAGES, StageKinds
+    from omni.models.qwen3_tts.checkpoint.make_tiny import make_tiny
+    from omni.models.registry import REGISTRY, resolve
+
+    former = {"qwen3_tts_preprocess": "qwen3-tts.preprocess", "qwen3_tts_talker": "qwen3-tts.talker",
+              "qwen3_tts_voice": "qwen3-tts.voice", "qwen3_tts_codec": "qwen3-tts.codec"}
+    for old, kind in former.items():
+        assert STAGES.kind_of(old) == kind and STAGES.kind_of(kind) == kind
+        assert STAGES.stage_args_class(old) is STAGES.stage_args_class(kind) is not None
+    process = StageKinds()
+    process.add(STAGES.entries_for(list(former)))
+    assert process.stage_class("qwen3_tts_codec") is STAGES.stage_class("qwen3-tts.codec")
+
+    graph, _ = resolve(REGISTRY.family_for(name="qwen3-tts").target)(str(make_tiny(tmp_path / "tts", kind="base")), None)
+    data = graph.to_dict()
+    for spec in data["stages"]:
+        spec["kind"] = {v: k for k, v in former.items()}[spec["kind"]]
+    old = Graph.from_dict(data)
+    old.validate()
+    assert [s.kind for s in old.stages] == [s.kind for s in graph.stages]
+    assert all(stage_args(a) == stage_args(b) for a, b in zip(old.stages, graph.stages))
+
+
+def test_every_kind_is_named_family_dot_stage():
+    """One naming of kinds: "<family>.<stage>" (the family may hold dots and dashes: qwen2.5-omni);
+    an alias is a former name and never names a kind that is not registered."""
+    from omni.models.registry import REGISTRY
+
+    REGISTRY.load_plugins()
+    odd = sorted(k for k in REGISTRY.stage_kinds if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*\.[a-z0-9_]+", k))
+    assert not odd, f"kinds not named <family>.<stage>: {odd}"
+    assert all(kind in REGISTRY.stage_kinds and alias not in REGISTRY.stage_kinds
+               for alias, kind in REGISTRY.stage_aliases.items())

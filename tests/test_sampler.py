@@ -253,3 +253,25 @@ def test_modes_the_engine_picks_and_greedy_mode_agrees():
         sampler.assign(seq)
         outs.add(tuple(sampler.sample(logits, sampler.slots_of([seq]), mode, [seq]).tolist()))
     assert len(outs) == 1
+
+
+def test_engine_params_are_the_typed_sampling_plus_engine_fields():
+    """The fields are written once: SamplingParams is a Sampling (the bus's) with the engine-only
+    fields added; what a request leaves None is the engine's default; the engine's domain is its
+    own (wider than a client's OpenAI ranges: temperature 3 runs) and checked in one place."""
+    from omni.kernel.errors import InvalidRequest
+    from omni.sampling import Sampling
+    from omni.stages.ar.sequence import ENGINE_DEFAULTS, ENGINE_DOMAIN
+
+    assert issubclass(SamplingParams, Sampling)
+    engine_only = set(SamplingParams.__struct_fields__) - set(Sampling.__struct_fields__)
+    assert engine_only == {"penalty_includes_prompt", "stop_token_ids", "suppress_token_ids", "min_tokens"}
+    assert set(ENGINE_DEFAULTS) | set(ENGINE_DOMAIN) <= set(SamplingParams.__struct_fields__)
+    p = SamplingParams()
+    assert all(getattr(p, name) == value for name, value in ENGINE_DEFAULTS.items())
+    assert p.seed is None and p.logprobs is None and p.greedy is False and p.neutral
+    assert SamplingParams(temperature=3.0).temperature == 3.0
+    assert SamplingParams(top_k=-1).top_k == 0  # the API's "off" (Sampling's TopK) is the engine's 0
+    for bad in (dict(top_k=-2), dict(max_tokens=0), dict(min_tokens=-1), dict(logprobs=21), dict(top_p=0.0)):
+        with pytest.raises(InvalidRequest, match=next(iter(bad))):
+            SamplingParams(**bad)

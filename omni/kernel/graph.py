@@ -126,6 +126,7 @@ class Graph:
                 raise GraphError(f"stage {spec.name!r} has no inbound edge and is not the entry")
             if spec.media and (src := [e.src for e in self.incoming(spec.name).values() if not self.takes_media(e.src)]):
                 raise GraphError(f"stage {spec.name!r} takes media but {src[0]!r}, which opens it, does not")
+            spec.kind = STAGES.kind_of(spec.kind)  # a former name (an alias) is read as the kind's name
             stage_args(spec)
 
     def to_dict(self) -> dict[str, Any]:

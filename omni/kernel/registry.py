@@ -29,6 +29,7 @@ class StageKinds:
     def __init__(self) -> None:
         self.stage_kinds: dict[str, str] = {}
         self.stage_args: dict[str, str] = {}  # kind -> "module:ArgsClass" (torch-free); absent: free-form args
+        self.aliases: dict[str, str] = {}  # a kind's former name -> its name ("qwen3_tts_talker" -> "qwen3-tts.talker")
         self.on_unknown: Callable[[], Any] | None = None  # called before an unknown name is refused
 
     def register_stage(self, kind: str, target: str, args: str | None = None) -> None:
@@ -37,6 +38,16 @@ class StageKinds:
         self.stage_kinds[kind] = target
         if args:
             self.stage_args[kind] = args
+
+    def register_alias(self, alias: str, kind: str) -> None:
+        """`alias` (a kind's former name, which configs may still use) names `kind`."""
+        self.aliases[alias] = kind
+
+    def kind_of(self, kind: str) -> str:
+        """The registered name of `kind` (itself unless it is an alias)."""
+        if kind not in self.stage_kinds and kind not in self.aliases and ":" not in kind and self.on_unknown:
+            self.on_unknown()
+        return self.aliases.get(kind, kind)
 
     def stage_class(self, kind: str) -> Any:
         target = self._target(kind)
@@ -55,18 +66,20 @@ class StageKinds:
         """What a stage process needs of this table to build `kinds` (its `add` takes it)."""
         names = {name for kind in kinds for name in self._names(kind)}
         return {"kinds": {n: t for n, t in self.stage_kinds.items() if n in names},
-                "args": {n: a for n, a in self.stage_args.items() if n in names}}
+                "args": {n: a for n, a in self.stage_args.items() if n in names},
+                "aliases": {a: k for a, k in self.aliases.items() if a in kinds}}
 
     def add(self, entries: dict[str, dict[str, str]]) -> None:
         self.stage_kinds.update(entries.get("kinds", {}))
         self.stage_args.update(entries.get("args", {}))
+        self.aliases.update(entries.get("aliases", {}))
 
     def _names(self, kind: str) -> list[str]:
+        kind = self.aliases.get(kind, kind)
         return [kind] + [name for name, target in self.stage_kinds.items() if target == kind]
 
     def _target(self, kind: str) -> str:
-        if kind not in self.stage_kinds and ":" not in kind and self.on_unknown is not None:
-            self.on_unknown()
+        kind = self.kind_of(kind)
         return self.stage_kinds.get(kind, kind)
 
 

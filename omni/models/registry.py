@@ -120,7 +120,7 @@ class Registry:
     """What `register(registry)` fills. Its stage kinds live in `stages`, the kernel's table for
     omni's REGISTRY (a fresh Registry, as tests make, has a table of its own)."""
 
-    _TABLES = ("stage_kinds", "stage_args", "families", "commands", "tiny_writers", "defaults")  # rolled back on error
+    _TABLES = ("stage_kinds", "stage_args", "stage_aliases", "families", "commands", "tiny_writers", "defaults")  # rolled back on error
 
     def __init__(self, stages: StageKinds | None = None) -> None:
         self.stages = StageKinds() if stages is None else stages
@@ -134,26 +134,17 @@ class Registry:
         self.plugins_loaded = False
         self._provider, self._provided = "omni", []  # who is registering now, and what it registered
 
-    @property
-    def stage_kinds(self) -> dict[str, str]:
-        return self.stages.stage_kinds
+    # the stage-kind tables live in `stages` (the kernel's StageKinds); here under the names _TABLES rolls back
+    stage_kinds = property(lambda self: self.stages.stage_kinds, lambda self, t: setattr(self.stages, "stage_kinds", t))
+    stage_args = property(lambda self: self.stages.stage_args, lambda self, t: setattr(self.stages, "stage_args", t))
+    stage_aliases = property(lambda self: self.stages.aliases, lambda self, t: setattr(self.stages, "aliases", t))
 
-    @stage_kinds.setter
-    def stage_kinds(self, table: dict[str, str]) -> None:
-        self.stages.stage_kinds = table
-
-    @property
-    def stage_args(self) -> dict[str, str]:
-        return self.stages.stage_args
-
-    @stage_args.setter
-    def stage_args(self, table: dict[str, str]) -> None:
-        self.stages.stage_args = table
-
-    def register_stage(self, kind: str, target: str, args: str | None = None) -> None:
+    def register_stage(self, kind: str, target: str, args: str | None = None, aliases: tuple[str, ...] = ()) -> None:
         """See StageKinds.register_stage: the one call by which a family (omni's or a plugin's)
-        adds a stage kind, named "<family>.<stage>"."""
+        adds a stage kind, named "<family>.<stage>"; `aliases`: its former names, still accepted."""
         self.stages.register_stage(kind, target, args)
+        for alias in aliases:
+            self.stages.register_alias(alias, kind)
         self._provided.append(f"stage:{kind}")
 
     def register_family(self, name: str, target: str, architectures: list[str] | tuple[str, ...] = (), *,

@@ -251,6 +251,7 @@ def demo_graph(**stage_args: dict[str, Any]) -> Graph:
             EdgeSpec("vocoder", "audio", OUT),
         ],
         needs="omni.models.demo.stages:needs",
+        media=["messages", "audio"],  # the encoder (the entry) reads them; the generator and vocoder never
     )
 
 

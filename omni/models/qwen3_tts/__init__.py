@@ -29,10 +29,13 @@ STAGES = {  # kind -> (stage class, its typed args: stages/args.py)
 }
 
 
+ALIASES = {kind: kind.replace("-", "_").replace(".", "_") for kind in STAGES}  # the former names: qwen3_tts_talker
+
+
 def register(registry) -> None:
     """omni's family registration (the same call plugins make)."""
     for kind, (target, args) in STAGES.items():
-        registry.register_stage(kind, target, args=args)
+        registry.register_stage(kind, target, args=args, aliases=(ALIASES[kind],))
     registry.register_family("qwen3-tts", "omni.models.qwen3_tts.graph:build", ["Qwen3TTSForConditionalGeneration"],
                              tasks=["speech"])
     registry.register_tiny("qwen3-tts", "omni.models.qwen3_tts.checkpoint.make_tiny:main")

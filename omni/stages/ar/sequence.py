@@ -11,67 +11,49 @@ from __future__ import annotations
 import enum
 import itertools
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
+from msgspec import Meta
+
 from omni.kernel.errors import InvalidRequest
+from omni.sampling import Sampling
 
 
-@dataclass
-class SamplingParams:
-    """Per-request sampling; temperature 0 means greedy (top-k/top-p/min-p/seed are then unused).
+class SamplingParams(Sampling, kw_only=True, gc=False):
+    """A request's sampling as the engine runs it: the typed `Sampling` (its fields declared there,
+    once) with every field the request left None resolved to `ENGINE_DEFAULTS`, plus the fields
+    only a stage sets (below). Built once per request; temperature 0 means greedy (top-k/top-p/
+    min-p/seed are then unused).
 
     Processing order follows transformers: penalties, bias and suppressed tokens, the model's
     logits processors, temperature, top-k, top-p, min-p, then one draw keyed by the seed
     (see `omni.stages.ar.sampler`).
     """
 
-    temperature: float = 1.0
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0
-    min_p: float = 0.0  # drop tokens below min_p x the top probability (0 = off)
-    repetition_penalty: float = 1.0  # over prompt and output tokens, as transformers does
+    # the engine-only fields (a stage sets them, a client never does)
     penalty_includes_prompt: bool = True  # False: output tokens only (transformers with inputs_embeds)
-    presence_penalty: float = 0.0  # OpenAI's: minus this for every token already output
-    frequency_penalty: float = 0.0  # OpenAI's: minus this times the token's output count
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added logit); a dict is accepted
-    seed: int | None = None
-    max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()  # always stop (the stop token is returned)
-    ignore_eos: bool = False  # do not stop on the engine's EOS ids
     suppress_token_ids: tuple[int, ...] = ()  # never sampled
     min_tokens: int = 0  # the stop ids cannot be sampled before this many output tokens (vLLM's min_tokens)
-    logprobs: int | None = None  # report each sampled token's log-prob and this many alternatives (logprobs.py)
 
     def __post_init__(self) -> None:
+        for name, value in ENGINE_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
         self.suppress_token_ids = tuple(int(t) for t in self.suppress_token_ids)
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         try:
-            self.logit_bias = tuple((int(t), float(v)) for t, v in bias)
+            self.logit_bias = tuple((int(t), float(v)) for t, v in bias)  # (token id, added logit)
         except (TypeError, ValueError):
             raise InvalidRequest("logit_bias must map token ids to numbers") from None
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
-            if not math.isfinite(float(getattr(self, name))):
-                raise InvalidRequest(f"{name} must be finite, got {getattr(self, name)}")
         if not all(math.isfinite(v) for _, v in self.logit_bias):
             raise InvalidRequest("logit_bias values must be finite")
-        if self.temperature < 0:
-            raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise InvalidRequest(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise InvalidRequest(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise InvalidRequest(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise InvalidRequest(f"logprobs must be within [0, 20], got {self.logprobs}")
-        if self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.min_tokens < 0:
-            raise InvalidRequest(f"min_tokens must be >= 0, got {self.min_tokens}")
+        _check(self)
+        if self.top_k == -1:
+            self.top_k = 0
 
     @property
     def greedy(self) -> bool:
@@ -86,12 +68,51 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, params: dict[str, Any]) -> "SamplingParams":
         """Read the known keys of a request's params (unknown keys are ignored)."""
-        known = {f for f in cls.__dataclass_fields__}
-        kwargs = {k: v for k, v in params.items() if k in known and v is not None}
+        known = cls.__struct_fields__
+        return cls(**{k: v for k, v in params.items() if k in known and v is not None})
+
+
+# What a field is when neither the stage nor the request set it (seed and logprobs stay None: unseeded,
+# no log-probs).
+ENGINE_DEFAULTS: dict[str, Any] = {
+    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+    "presence_penalty": 0.0, "frequency_penalty": 0.0, "max_tokens": 16, "ignore_eos": False, "logit_bias": (),
+}
+
+# What the engine runs, per field (`Sampling`'s annotations are OpenAI's narrower client ranges; a stage's
+# own defaults or a benchmark may go past them, e.g. temperature 3). Floats must also be finite.
+ENGINE_DOMAIN: dict[str, Meta] = {
+    "temperature": Meta(ge=0.0),
+    "top_p": Meta(gt=0.0, le=1.0),
+    "min_p": Meta(ge=0.0, le=1.0),
+    "repetition_penalty": Meta(gt=0.0),
+    "presence_penalty": Meta(),
+    "frequency_penalty": Meta(),
+    "top_k": Meta(ge=-1),  # 0 = off; -1 (vLLM's and the API's "off") is read as 0
+    "max_tokens": Meta(ge=1),
+    "min_tokens": Meta(ge=0),
+    "logprobs": Meta(ge=0, le=20),  # None: no log-probs (logprobs.py)
+}
+_SIGNS = (("ge", ">=", operator.ge), ("gt", ">", operator.gt), ("le", "<=", operator.le), ("lt", "<", operator.lt))
+# ENGINE_DOMAIN read once: per field its (sign, bound, test) triples
+_BOUNDS = tuple((name, tuple((sign, getattr(meta, attr), test) for attr, sign, test in _SIGNS
+                             if getattr(meta, attr) is not None)) for name, meta in ENGINE_DOMAIN.items())
+
+
+def _check(params: "SamplingParams") -> None:
+    """InvalidRequest unless each field of ENGINE_DOMAIN is None or finite and within its bounds."""
+    for name, bounds in _BOUNDS:
+        if (value := getattr(params, name)) is None:
+            continue
         try:
-            return cls(**kwargs)
-        except TypeError as exc:
-            raise InvalidRequest(f"bad sampling parameters: {exc}") from None
+            finite = math.isfinite(value)
+        except TypeError:
+            raise InvalidRequest(f"{name} must be a number, got {value!r}") from None
+        if not finite:
+            raise InvalidRequest(f"{name} must be finite, got {value}")
+        for sign, bound, test in bounds:
+            if not test(value, bound):
+                raise InvalidRequest(f"{name} must be {sign} {bound}, got {value}")
 
 
 class SequenceStatus(enum.Enum):

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import torch
 
 from omni.kernel.errors import InvalidRequest
@@ -190,7 +191,7 @@ class WhisperDecoderStage(Stage):
                 return
             prompt = self.text.prompt(req.language, req.task, req.timestamps, req.prompt_text)
             room = self.cfg.max_target_positions - len(prompt)
-            params = SamplingParams(**{**req.sampling.__dict__, "max_tokens": max(1, min(req.sampling.max_tokens, room))})
+            params = msgspec.structs.replace(req.sampling, max_tokens=max(1, min(req.sampling.max_tokens, room)))
             for i, window in sorted(req.windows.items()):
                 if window.encoder_out is None:
                     continue  # in the engine, or done
