@@ -24,6 +24,7 @@ from omni.api.media import (
     off_loop,
     parse_image_url,
 )
+from omni.api.media_video import video_content
 from omni.api.routes_voices import uploaded_voice
 from omni.api.voice_names import OPENAI_VOICES, is_openai_voice, own_voice, voice_description
 from omni.api.schemas import (
@@ -36,6 +37,7 @@ from omni.api.schemas import (
     SpeechRequest,
     StageSampling,
     TextPart,
+    VideoPart,
     VoiceId,
 )
 
@@ -198,9 +200,11 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
             raise bad_request("streamed audio is sent as pcm16; set audio.format to 'pcm16' or stream=false",
                               param="audio.format", code="unsupported_stream_format")
     messages, audio_budget = [], AudioBudget(state.config.limits)  # one bound on all of a request's audio
+    use_audio = bool(req.mm_processor_kwargs and req.mm_processor_kwargs.use_audio_in_video)
     for i, msg in enumerate(req.messages):
         messages.append({"role": "system" if msg.role == "developer" else msg.role,
-                         "content": await _content(state, msg.content, f"messages[{i}].content", audio_budget)})
+                         "content": await _content(state, msg.content, f"messages[{i}].content", audio_budget,
+                                                   use_audio)})
         if msg.token_ids is not None and msg.role == "assistant":  # the prompt takes them, not the text
             messages[-1]["token_ids"] = msg.token_ids
     base = sampling_fields(req, req.max_completion_tokens or req.max_tokens, logprobs_asked(state, req))
@@ -211,7 +215,8 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
     return params
 
 
-async def _content(state: ServerState, content, param: str, audio_budget: AudioBudget) -> str | list[dict]:
+async def _content(state: ServerState, content, param: str, audio_budget: AudioBudget,
+                   use_audio_in_video: bool = False) -> str | list[dict]:
     """A string stays a string (the model renders it in its template's content format); parts are
     checked and their media decoded."""
     if content is None:
@@ -234,6 +239,9 @@ async def _content(state: ServerState, content, param: str, audio_budget: AudioB
             if data is None:
                 data = await fetch_image(url, f"{where}.image_url.url", state.config.limits)
             parts.append({"type": "image", "data": data})
+        elif isinstance(part, VideoPart):
+            parts.append(await video_content(part.video_url.url, f"{where}.video_url.url", state.config.limits,
+                                             use_audio_in_video, audio_budget))
     return parts
 
 
