@@ -8,8 +8,9 @@ interleaving, `video_second_per_grid`) and its own `get_rope_index`. Its video p
 (`Qwen2VLVideoProcessor`) needs torchvision, which does not load beside the CPU torch here: the
 processor is handed a stand-in that patchifies the frames with omni's `video_to_patches`, and
 `test_frames_equal_transformers_video_processor` checks those against the real one wherever
-torchvision imports (checked bitwise on 2026-12-03 for four shapes, sampling rates and pixel
-budgets with torchvision 0.28's pure-torch transforms).
+torchvision imports (bitwise, on 2026-12-03, for five shapes, sampling rates and pixel budgets,
+up- and downscaled, with torchvision 0.28's pure-torch transforms: the CUDA wheel installed with
+`pip install --no-deps --target DIR` and run as `PYTHONPATH=DIR python -m pytest -k frames_equal`).
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ from omni.models.qwen3_omni.checkpoint.make_tiny import PREPROCESSOR_CONFIG, mak
 from omni.models.qwen3_omni.graph import build
 from omni.models.qwen3_omni.modules.video_patches import QwenFrameRule, VideoPatchConfig, video_to_patches
 from omni.models.video_frames import decode
-from qwen3_fixtures import IM_END, THREADS_ENV, Oracle, summarize
+from qwen3_fixtures import IM_END, THREADS_ENV, Oracle, params, summarize
 from test_api_support import LiveServer
 from video_fixtures import video_bytes
 
 pytest.importorskip("transformers")
 
-TOKENS = 10
+TOKENS, TALKER = 10, 30
 CFG = VideoPatchConfig(min_pixels=PREPROCESSOR_CONFIG["video_min_pixels"],
                        max_pixels=PREPROCESSOR_CONFIG["video_max_pixels"], fps=PREPROCESSOR_CONFIG["video_fps"])
 TIGHT = MediaLimits(max_video_bytes=16_000, max_video_pixels=64 * 48, max_video_frames=12, max_video_seconds=2.5,
@@ -59,7 +60,7 @@ def video():
 
 @pytest.fixture(scope="module")
 def server(ckpt):
-    with LiveServer(mode="process", env=THREADS_ENV, build=lambda: build(ckpt, "text"),
+    with LiveServer(mode="process", env=THREADS_ENV, build=lambda: build(ckpt),
                     extra_configs=[ServerConfig(port=0, limits=TIGHT)]) as srv:
         yield srv
 
@@ -113,26 +114,43 @@ def reference(oracle: Oracle, video: bytes, text: str, use_audio: bool) -> list[
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 
 
-def omni_tokens(server, video: bytes, text: str, use_audio: bool) -> list[int]:
+def omni_result(server, video: bytes, text: str, use_audio: bool, speech: bool = False):
     part = {"type": "video", "data": video}
     if use_audio:
         pcm = track(video)
         part["audio"] = {"pcm": pcm.tobytes(), "sample_rate": 16000}
-    params = {"task": "chat", "modalities": ["text"], "voice": None,
-              "messages": [{"role": "user", "content": [part, {"type": "text", "text": text}]}],
-              "sampling": {"thinker": {"temperature": 0, "max_tokens": TOKENS}}}
+    messages = [{"role": "user", "content": [part, {"type": "text", "text": text}]}]
+    p = params(messages, "ethan", TOKENS, TALKER, ("text", "audio") if speech else ("text",))
 
     async def run():
-        return summarize(await server.kernel.submit(params).collect())
+        return summarize(await server.kernel.submit(p).collect())
 
-    return server.run(run()).tokens
+    return server.run(run())
 
 
 @pytest.mark.parametrize("use_audio", [False, True], ids=["frames", "audio_in_video"])
 def test_greedy_tokens_equal_transformers(server, oracle, video, use_audio):
     want = reference(oracle, video, "what happens?", use_audio)
     assert len(want) == TOKENS and len(set(want)) > 2  # varied tokens, not a degenerate model
-    assert omni_tokens(server, video, "what happens?", use_audio) == want
+    assert omni_result(server, video, "what happens?", use_audio).tokens == want
+
+
+def test_speech_about_a_video_equals_transformers(server, oracle, video):
+    """The talker's M-RoPE over the video's grid too: the waveform within 1e-4 of its peak. (With
+    use_audio_in_video transformers' talker fails, reading an `audio_config` its config lacks, as it
+    does for audio and images together: there omni is only checked to speak.)"""
+    import torch
+
+    inputs = hf_inputs(oracle, video, "say it", False)
+    with torch.no_grad():
+        _, wav = oracle.hf.generate(**inputs, speaker="ethan", return_audio=True, thinker_max_new_tokens=TOKENS,
+                                    thinker_eos_token_id=IM_END, thinker_do_sample=False,
+                                    talker_max_new_tokens=TALKER, talker_do_sample=False)
+    want = wav.reshape(-1).float().numpy()
+    got = omni_result(server, video, "say it", False, speech=True).pcm
+    peak = float(np.abs(want).max())
+    assert got.shape == want.shape and peak > 1e-3 and float(np.abs(got - want).max()) <= 1e-4 * peak
+    assert omni_result(server, video, "say it", True, speech=True).pcm.size > 0
 
 
 @pytest.mark.parametrize("use_audio,track_seconds", [(False, 2.0), (True, 2.0), (True, 0.3)],
@@ -256,7 +274,8 @@ def test_frames_equal_transformers_video_processor():
     from transformers.video_utils import VideoMetadata
 
     for frames, fps, h, w, lo, hi, rate in [(8, 4, 48, 64, 32 * 32, 128 * 128, 2.0), (25, 10, 70, 90, 1024, 4096, 2.0),
-                                            (30, 30, 36, 36, 1024, 16384, 7.0)]:
+                                            (30, 30, 36, 36, 1024, 16384, 7.0), (6, 3, 120, 160, 1024, 4096, 2.0),
+                                            (9, 3, 40, 200, 128 * 32 * 32, 768 * 32 * 32, 2.0)]:
         raw = video_bytes(frames=frames, fps=fps, height=h, width=w, seed=3)
         cfg = VideoPatchConfig(min_pixels=lo, max_pixels=hi, fps=rate)
         ours = video_to_patches(decode(raw, QwenFrameRule(cfg)).frames, cfg)

@@ -5,7 +5,8 @@ way transformers' PyAV reader does (`stream.frames` and `stream.average_rate`; a
 does not state its frame count is counted by decoding it), decoding only up to the last frame a
 family's sampling rule picks, converting those frames to RGB24 arrays, and decoding the audio
 track. Which frames to keep (`FrameRule.indices`) and how to resize and patchify them is the
-family's (e.g. `omni.models.qwen3_omni.modules.video_patches`).
+family's (e.g. `omni.models.qwen3_omni.modules.video_patches`); each kept frame goes through the
+family's `FrameRule.frame` as it is decoded, so a long video never holds its full-size frames.
 
 `probe` reads only what bounds need (size, frame count, duration, an audio stream) and decodes
 every frame once to prove the file decodes, so that an unreadable video is the API's 400.
@@ -25,9 +26,12 @@ class VideoDecodeError(ValueError):
 
 
 class FrameRule(Protocol):
-    """A family's frame sampling: the indices (ascending) of the frames it keeps."""
+    """A family's frame sampling: the indices (ascending) of the frames it keeps, and what it makes
+    of each kept RGB frame as soon as it is decoded (its resize: only the resized frames are held)."""
 
     def indices(self, total_frames: int, fps: float) -> list[int]: ...
+
+    def frame(self, rgb: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class VideoInfo:
 
 @dataclass
 class VideoClip:
-    frames: np.ndarray  # uint8 [n, H, W, 3] RGB, the sampled frames in order
+    frames: np.ndarray  # uint8 [n, H, W, 3] RGB, the sampled frames in order (after `FrameRule.frame`)
     indices: list[int]  # which frames of the file they are
     total_frames: int
     fps: float
@@ -99,7 +103,7 @@ def probe(raw: bytes, max_frames: int, max_pixels: int) -> VideoInfo:
 
 
 def decode(raw: bytes, rule: FrameRule) -> VideoClip:
-    """The frames `rule` picks, as RGB24 arrays (decoding stops after the last one)."""
+    """The frames `rule` picks, as RGB24 arrays made over by `rule.frame` (decoding stops after the last)."""
     import av
 
     container = _open(raw)
@@ -117,7 +121,7 @@ def decode(raw: bytes, rule: FrameRule) -> VideoClip:
             if i > last:
                 break
             if i in wanted:
-                frames[i] = frame.to_ndarray(format="rgb24")
+                frames[i] = rule.frame(frame.to_ndarray(format="rgb24"))
     except VideoDecodeError:
         raise
     except (av.FFmpegError, ValueError, IndexError, StopIteration) as exc:

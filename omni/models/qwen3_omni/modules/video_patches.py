@@ -60,6 +60,14 @@ class QwenFrameRule:
             raise InvalidRequest(f"the video has {total_frames} frame(s); at least {tps} are needed")
         return torch.arange(0, total_frames, total_frames / n).int().tolist()
 
+    def frame(self, rgb: np.ndarray) -> np.ndarray:
+        """One decoded frame resized as `video_to_patches` resizes a stack (each frame on its own:
+        the same bytes), so that only resized frames are held."""
+        import torch
+
+        video = torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1)[None].contiguous()
+        return _resized(video, self.cfg)[0].permute(1, 2, 0).numpy()
+
 
 @dataclass
 class VideoPatches:
@@ -75,20 +83,26 @@ class VideoPatches:
 def video_to_patches(frames: np.ndarray, cfg: VideoPatchConfig) -> VideoPatches:
     """frames: uint8 [n, H, W, 3] RGB (the sampled frames)."""
     import torch
-    import torch.nn.functional as F
 
     if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or not len(frames):
         raise InvalidRequest(f"video frames must be uint8 [n, H, W, 3], got {frames.dtype} {frames.shape}")
-    video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).contiguous()
-    height, width = video.shape[-2:]
-    factor = cfg.patch_size * cfg.merge_size
-    new_h, new_w = smart_resize(height, width, factor, cfg.min_pixels, cfg.max_pixels)
-    if (new_h, new_w) != (height, width):  # torchvision's resize: native uint8 bicubic on the CPU
-        video = F.interpolate(video, size=[new_h, new_w], mode="bicubic", align_corners=False, antialias=True)
+    video = _resized(torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).contiguous(), cfg)
     mean = torch.tensor(cfg.image_mean) * (1.0 / (1 / 255))
     std = torch.tensor(cfg.image_std) * (1.0 / (1 / 255))
     x = video.to(torch.float32).sub_(mean.view(-1, 1, 1)).div_(std.view(-1, 1, 1))
     return _patchify(x, cfg, cfg.temporal_patch_size / cfg.fps)
+
+
+def _resized(video, cfg: VideoPatchConfig):
+    """uint8 [n, C, H, W] at the processor's size (`smart_resize`; already there: as it is)."""
+    import torch.nn.functional as F
+
+    height, width = video.shape[-2:]
+    new_h, new_w = smart_resize(height, width, cfg.patch_size * cfg.merge_size, cfg.min_pixels, cfg.max_pixels)
+    if (new_h, new_w) == (height, width):
+        return video
+    # torchvision's resize: on the CPU, native uint8 bicubic with antialias
+    return F.interpolate(video, size=[new_h, new_w], mode="bicubic", align_corners=False, antialias=True)
 
 
 def _patchify(x, cfg: VideoPatchConfig, second_per_grid: float) -> VideoPatches:
