@@ -192,6 +192,19 @@ def test_prompt_layout_equals_transformers_processor(ckpt, oracle, use_audio, tr
     assert torch.equal(pos, ref[:, 0]) and delta == float(ref_delta)
 
 
+def test_video_past_the_context_is_refused_before_decoding(ckpt, video):
+    from omni.kernel.errors import InvalidRequest
+    from omni.models.qwen3_omni.stages.preprocess import Preprocessor
+
+    pre = Preprocessor(ckpt)
+    pre.max_video_tokens = 7  # the video makes 2 grids x 4 tokens
+    with mock.patch("omni.models.video_frames.decode", side_effect=AssertionError("decoded")), \
+            pytest.raises(InvalidRequest, match="makes 8 tokens"):
+        pre([{"role": "user", "content": [{"type": "video", "data": video}]}])
+    pre.max_video_tokens = 8
+    assert pre([{"role": "user", "content": [{"type": "video", "data": video}]}]).videos[0].grid_thw == (2, 4, 4)
+
+
 def data_url(raw: bytes, media: str = "video/mp4") -> str:
     return f"data:{media};base64," + base64.b64encode(raw).decode()
 

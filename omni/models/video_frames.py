@@ -20,6 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
+from omni.kernel.errors import InvalidRequest
+
 
 class VideoDecodeError(ValueError):
     """The bytes are not a video FFmpeg can read (or have no video stream)."""
@@ -57,7 +59,7 @@ def _open(raw: bytes):
 
     try:
         container = av.open(io.BytesIO(raw), mode="r")
-    except (av.FFmpegError, ValueError, IndexError) as exc:
+    except Exception as exc:  # FFmpeg's errors, and what PyAV raises on bytes it cannot parse at all
         raise VideoDecodeError(f"{type(exc).__name__}: {exc}") from None
     if not container.streams.video:
         container.close()
@@ -71,13 +73,21 @@ def _metadata(container) -> tuple[int, float]:
     return int(stream.frames or 0), float(rate) if rate else 0.0
 
 
+def stated(raw: bytes) -> tuple[int, float, int, int]:
+    """(frames, fps, width, height) as the container states them, nothing decoded (frames 0: unstated)."""
+    container = _open(raw)
+    try:
+        stream = container.streams.video[0]
+        return (*_metadata(container), int(stream.codec_context.width or 0), int(stream.codec_context.height or 0))
+    finally:
+        container.close()
+
+
 def probe(raw: bytes, max_frames: int, max_pixels: int) -> VideoInfo:
     """The video's size, frame count, rate and duration, every frame decoded once (no pixels kept).
 
     Stops with the count at `max_frames + 1` (a file that claims fewer frames than it holds costs no
     more than the bound) and at the first frame over `max_pixels`."""
-    import av
-
     container = _open(raw)
     try:
         stream = container.streams.video[0]
@@ -91,7 +101,7 @@ def probe(raw: bytes, max_frames: int, max_pixels: int) -> VideoInfo:
                 frames += 1
                 if frames > max_frames or width * height > max_pixels:
                     break
-    except (av.FFmpegError, ValueError, IndexError, StopIteration) as exc:
+    except Exception as exc:
         raise VideoDecodeError(f"{type(exc).__name__}: {exc}") from None
     finally:
         container.close()
@@ -104,8 +114,6 @@ def probe(raw: bytes, max_frames: int, max_pixels: int) -> VideoInfo:
 
 def decode(raw: bytes, rule: FrameRule) -> VideoClip:
     """The frames `rule` picks, as RGB24 arrays made over by `rule.frame` (decoding stops after the last)."""
-    import av
-
     container = _open(raw)
     try:
         total, fps = _metadata(container)
@@ -122,9 +130,9 @@ def decode(raw: bytes, rule: FrameRule) -> VideoClip:
                 break
             if i in wanted:
                 frames[i] = rule.frame(frame.to_ndarray(format="rgb24"))
-    except VideoDecodeError:
+    except (VideoDecodeError, InvalidRequest):
         raise
-    except (av.FFmpegError, ValueError, IndexError, StopIteration) as exc:
+    except Exception as exc:
         raise VideoDecodeError(f"{type(exc).__name__}: {exc}") from None
     finally:
         container.close()

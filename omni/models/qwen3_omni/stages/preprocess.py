@@ -30,7 +30,7 @@ from omni.models.chat_template import content_format, render_messages
 from omni.layers.prompt_splice import splice, with_sentinels
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.stages.clip_features import ClipFeatures
-from omni.models.qwen3_omni.modules.image_patches import ImagePatchConfig, ImagePatches, image_to_patches
+from omni.models.qwen3_omni.modules.image_patches import ImagePatchConfig, ImagePatches, image_to_patches, smart_resize
 from omni.models.qwen3_omni.modules.video_patches import (DEFAULT_FPS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS,
                                                           QwenFrameRule, VideoPatchConfig, VideoPatches,
                                                           video_to_patches)
@@ -118,6 +118,7 @@ class Preprocessor:
         )
         self.video_cfg = _video_config(self.image_cfg, extra)
         self.frame_rule = QwenFrameRule(self.video_cfg)
+        self.max_video_tokens = 0  # the thinker's context (PreprocessStage sets it): checked before decoding
 
     def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> ThinkerInputs:
         messages, answers = with_sentinels(messages)  # earlier answers keep the ids generated
@@ -162,14 +163,27 @@ class Preprocessor:
         return [self.clip_features(a) for a in audios]
 
     def video_patches(self, video: bytes) -> VideoPatches:
-        """A video file's sampled frames as patches (an undecodable file is an InvalidRequest)."""
-        from omni.models.video_frames import VideoDecodeError, decode
+        """A video file's sampled frames as patches (an undecodable file is an InvalidRequest, and so
+        is one whose tokens, counted from its stated size first, pass `max_video_tokens`)."""
+        from omni.models.video_frames import VideoDecodeError, decode, stated
 
         try:
+            total, fps, width, height = stated(bytes(video))
+            if self.max_video_tokens and total and fps and width and height:
+                self._check_tokens(len(self.frame_rule.indices(total, fps)), height, width)
             clip = decode(bytes(video), self.frame_rule)
         except VideoDecodeError as exc:
             raise InvalidRequest(f"cannot decode video: {exc}") from None
         return video_to_patches(clip.frames, self.video_cfg)
+
+    def _check_tokens(self, frames: int, height: int, width: int) -> None:
+        cfg = self.video_cfg
+        h, w = smart_resize(height, width, cfg.patch_size * cfg.merge_size, cfg.min_pixels, cfg.max_pixels)
+        grids = -(-frames // cfg.temporal_patch_size)
+        tokens = grids * (h // cfg.patch_size) * (w // cfg.patch_size) // cfg.merge_size**2
+        if tokens > self.max_video_tokens:
+            raise InvalidRequest(f"the video makes {tokens} tokens ({frames} frames at {w}x{h}); the model's "
+                                 f"context is {self.max_video_tokens} tokens")
 
     def _expand(self, ids: list[int], out: ThinkerInputs) -> np.ndarray:
         audio_counts = [out.audio_token_counts[i] for i in out.audio_slots]  # the video's clips are not in the text

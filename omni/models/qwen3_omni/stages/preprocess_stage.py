@@ -64,6 +64,7 @@ class PreprocessStage(Stage):
 
         pin_torch_threads(self.ctx.args.threads)
         self.pre = Preprocessor(self.ctx.args.model_dir)
+        self.pre.max_video_tokens = self.max_prompt_tokens  # a video too long is refused before it is decoded
         self.pre([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])  # the template compiles once, here
 
     # ---- requests -------------------------------------------------------------------
