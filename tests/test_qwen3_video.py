@@ -26,11 +26,12 @@ import pytest
 
 from omni.api.app import ServerConfig
 from omni.api.media import MediaLimits, decode_audio_bytes
-from omni.models.qwen3_omni.checkpoint.make_tiny import PREPROCESSOR_CONFIG, make_tiny
+from omni.models.qwen3_omni.checkpoint.make_tiny import PREPROCESSOR_CONFIG
 from omni.models.qwen3_omni.graph import build
 from omni.models.qwen3_omni.modules.video_patches import QwenFrameRule, VideoPatchConfig, video_to_patches
 from omni.models.video_frames import decode
 from qwen3_fixtures import IM_END, THREADS_ENV, Oracle, params, summarize
+from test_api_qwen3 import ckpt, oracle  # noqa: F401 (fixtures: the tiny-b checkpoint and its oracle)
 from test_api_support import LiveServer
 from video_fixtures import video_bytes
 
@@ -41,16 +42,6 @@ CFG = VideoPatchConfig(min_pixels=PREPROCESSOR_CONFIG["video_min_pixels"],
                        max_pixels=PREPROCESSOR_CONFIG["video_max_pixels"], fps=PREPROCESSOR_CONFIG["video_fps"])
 TIGHT = MediaLimits(max_video_bytes=16_000, max_video_pixels=64 * 48, max_video_frames=12, max_video_seconds=2.5,
                     max_audio_seconds=1.0)
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return str(make_tiny(tmp_path_factory.mktemp("tiny-b"), seed=1, preset="tiny-b"))
-
-
-@pytest.fixture(scope="module")
-def oracle(ckpt):
-    return Oracle(ckpt)
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +153,9 @@ def test_prompt_layout_equals_transformers_processor(ckpt, oracle, use_audio, tr
 
     video = video_bytes(frames=8, fps=4, height=48, width=64, seed=1, audio_seconds=track_seconds)
 
-    part = {"type": "video", "data": video, **({"audio": {"pcm": track(video), "sample_rate": 16000}} if use_audio else {})}
+    part = {"type": "video", "data": video}
+    if use_audio:
+        part["audio"] = {"pcm": track(video), "sample_rate": 16000}
     got = Preprocessor(ckpt)([{"role": "user", "content": [part, {"type": "text", "text": "hi"}]}])
     want = hf_inputs(oracle, video, "hi", use_audio)
     assert got.input_ids.tolist() == want["input_ids"][0].tolist()
@@ -187,8 +180,8 @@ def test_prompt_layout_equals_transformers_processor(ckpt, oracle, use_audio, tr
     pos, delta = rope_index(got.input_ids.tolist(), tokens, [], [grid])
     ids = want["input_ids"]
     lengths = want["feature_attention_mask"].sum(-1) if use_audio else None
-    ref, ref_delta = oracle.hf.thinker.get_rope_index(ids, None, want["video_grid_thw"], torch.ones_like(ids), use_audio,
-                                                      lengths, want["video_second_per_grid"])
+    ref, ref_delta = oracle.hf.thinker.get_rope_index(ids, None, want["video_grid_thw"], torch.ones_like(ids),
+                                                      use_audio, lengths, want["video_second_per_grid"])
     assert torch.equal(pos, ref[:, 0]) and delta == float(ref_delta)
 
 

@@ -129,7 +129,7 @@ class Preprocessor:
         text = self.tokenizer.apply_chat_template(
             template_messages, tokenize=False, add_generation_prompt=add_generation_prompt)
         ids = splice(text, answers, self._tokenize, self.special_ids)
-        clips = [a for a in audios if a is not None]
+        clips = audios  # (the video it is the track of, or None; 16 kHz pcm), in prompt order
         features = self.audio_features([a for _, a in clips])
         patches = [image_to_patches(im, self.image_cfg) for im in images]
         out = ThinkerInputs(np.zeros(0, dtype=np.int64), features, patches)
