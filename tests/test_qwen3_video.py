@@ -40,6 +40,7 @@ pytest.importorskip("transformers")
 TOKENS, TALKER = 10, 30
 CFG = VideoPatchConfig(min_pixels=PREPROCESSOR_CONFIG["video_min_pixels"],
                        max_pixels=PREPROCESSOR_CONFIG["video_max_pixels"], fps=PREPROCESSOR_CONFIG["video_fps"])
+UPLOADS = 100_000  # the test video's body (~31 kB) fits; with its decoded track (131 kB) it does not
 TIGHT = MediaLimits(max_video_bytes=16_000, max_video_pixels=64 * 48, max_video_frames=12, max_video_seconds=2.5,
                     max_audio_seconds=1.0)
 
@@ -52,7 +53,8 @@ def video():
 @pytest.fixture(scope="module")
 def server(ckpt):
     with LiveServer(mode="process", env=THREADS_ENV, build=lambda: build(ckpt),
-                    extra_configs=[ServerConfig(port=0, limits=TIGHT)]) as srv:
+                    extra_configs=[ServerConfig(port=0, limits=TIGHT),
+                                   ServerConfig(port=0, budgets={"uploads": UPLOADS})]) as srv:
         yield srv
 
 
@@ -239,6 +241,14 @@ def test_each_bound_refused(server, name):
     error = resp.json()["error"]
     assert resp.status_code == status and error["code"] == code and words in error["message"], error
     assert error["param"] == "messages[0].content[0].video_url.url"
+
+
+def test_decoded_track_is_held_on_the_uploads_budget(server, video):
+    url = server.servers[2].url
+    resp = post(url, video_part(data_url(video)), model=server.info.id,
+                mm_processor_kwargs={"use_audio_in_video": True})
+    assert resp.status_code == 429 and resp.json()["error"]["code"] == "memory_budget_exceeded", resp.text
+    assert post(url, video_part(data_url(video)), model=server.info.id).status_code == 200
 
 
 BAD = {  # name: (url, extra body, code)

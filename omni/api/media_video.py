@@ -8,10 +8,13 @@ the original file bytes; the model's preprocess samples and resizes the frames a
 processor does (omni.models.video_frames). With `use_audio_in_video` its audio track is decoded
 here like any input audio (16 kHz mono, bounded by the request's `AudioBudget`) and rides with it;
 a video without an audio track is then taken without one, as transformers' processor does.
+What the request holds beyond its body (a fetched file, a decoded track) is held on the `uploads`
+memory budget with the body (`hold`), until the request ends: past the budget, a 429.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from omni.api.errors import ApiError, bad_request, too_large
@@ -42,12 +45,15 @@ def check_video(raw: bytes, param: str, limits: MediaLimits) -> VideoInfo:
     return info
 
 
-async def video_content(url: str, param: str, limits: MediaLimits, use_audio: bool, audio_budget: AudioBudget
-                        ) -> dict:
-    """One `video_url` part in the params contract: {"type": "video", "data": bytes[, "audio": ...]}."""
+async def video_content(url: str, param: str, limits: MediaLimits, use_audio: bool, audio_budget: AudioBudget,
+                        hold: Callable[[int], None] | None = None) -> dict:
+    """One `video_url` part in the params contract: {"type": "video", "data": bytes[, "audio": ...]};
+    `hold(nbytes)` takes more of the request's memory budget."""
+    hold = hold or (lambda nbytes: None)
     raw, remote = await off_loop(parse_media_url, url, param, limits, "video")
     if raw is None:
         raw = await fetch_media(remote, param, limits, "video", limits.max_video_bytes, _checked)
+        hold(len(raw))
     info = await off_loop(check_video, raw, param, limits)
     part = {"type": "video", "data": raw}
     if use_audio and info.has_audio:
@@ -61,6 +67,7 @@ async def video_content(url: str, param: str, limits: MediaLimits, use_audio: bo
             raise bad_request(f"{param}: could not decode the video's audio track ({exc.message})", param=param,
                               code="invalid_video") from None
         audio_budget.take(len(pcm) / rate, param)
+        hold(pcm.nbytes)
         part["audio"] = audio_part(pcm, rate)
     return part
 

@@ -180,7 +180,9 @@ def completion_params(state: ServerState, req: CompletionRequest) -> list[dict]:
              "sampling": stage_sampling(state, base, req.stage_sampling)} for prompt in prompts]
 
 
-async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
+async def chat_params(state: ServerState, req: ChatCompletionRequest, hold=None) -> dict:
+    """`hold(nbytes)`: media the request holds beyond its body (a fetched video, its decoded track)
+    taken on the request's memory budget (routes_chat: the `uploads` budget, with the body)."""
     check_model(state, req.model, chat=True)
     refuse_unserved(req)
     modalities = list(dict.fromkeys(req.modalities or ["text"]))
@@ -204,7 +206,7 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
     for i, msg in enumerate(req.messages):
         messages.append({"role": "system" if msg.role == "developer" else msg.role,
                          "content": await _content(state, msg.content, f"messages[{i}].content", audio_budget,
-                                                   use_audio)})
+                                                   use_audio, hold)})
         if msg.token_ids is not None and msg.role == "assistant":  # the prompt takes them, not the text
             messages[-1]["token_ids"] = msg.token_ids
     base = sampling_fields(req, req.max_completion_tokens or req.max_tokens, logprobs_asked(state, req))
@@ -216,7 +218,7 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
 
 
 async def _content(state: ServerState, content, param: str, audio_budget: AudioBudget,
-                   use_audio_in_video: bool = False) -> str | list[dict]:
+                   use_audio_in_video: bool = False, hold=None) -> str | list[dict]:
     """A string stays a string (the model renders it in its template's content format); parts are
     checked and their media decoded."""
     if content is None:
@@ -241,7 +243,7 @@ async def _content(state: ServerState, content, param: str, audio_budget: AudioB
             parts.append({"type": "image", "data": data})
         elif isinstance(part, VideoPart):
             parts.append(await video_content(part.video_url.url, f"{where}.video_url.url", state.config.limits,
-                                             use_audio_in_video, audio_budget))
+                                             use_audio_in_video, audio_budget, hold))
     return parts
 
 
