@@ -193,7 +193,7 @@ def test_video_past_the_context_is_refused_before_decoding(ckpt, video):
 
     pre = Preprocessor(ckpt)
     pre.max_video_tokens = 7  # the video makes 2 grids x 4 tokens
-    with mock.patch("omni.models.video_frames.decode", side_effect=AssertionError("decoded")), \
+    with mock.patch.object(pre.frame_rule.__class__, "frame", side_effect=AssertionError("decoded")), \
             pytest.raises(InvalidRequest, match="makes 8 tokens"):
         pre([{"role": "user", "content": [{"type": "video", "data": video}]}])
     pre.max_video_tokens = 8

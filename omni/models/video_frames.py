@@ -15,6 +15,7 @@ every frame once to prove the file decodes, so that an unreadable video is the A
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,16 +74,6 @@ def _metadata(container) -> tuple[int, float]:
     return int(stream.frames or 0), float(rate) if rate else 0.0
 
 
-def stated(raw: bytes) -> tuple[int, float, int, int]:
-    """(frames, fps, width, height) as the container states them, nothing decoded (frames 0: unstated)."""
-    container = _open(raw)
-    try:
-        stream = container.streams.video[0]
-        return (*_metadata(container), int(stream.codec_context.width or 0), int(stream.codec_context.height or 0))
-    finally:
-        container.close()
-
-
 def probe(raw: bytes, max_frames: int, max_pixels: int) -> VideoInfo:
     """The video's size, frame count, rate and duration, every frame decoded once (no pixels kept).
 
@@ -92,28 +83,33 @@ def probe(raw: bytes, max_frames: int, max_pixels: int) -> VideoInfo:
     try:
         stream = container.streams.video[0]
         width, height = int(stream.codec_context.width or 0), int(stream.codec_context.height or 0)
-        stated, fps = _metadata(container)
+        claimed, fps = _metadata(container)
         has_audio = bool(container.streams.audio)
         frames = 0
-        if width * height <= max_pixels:
-            for frame in container.decode(stream):
-                width, height = frame.width, frame.height
-                frames += 1
-                if frames > max_frames or width * height > max_pixels:
-                    break
+        if width * height > max_pixels:
+            return VideoInfo(width, height, claimed, fps, claimed / fps if fps else 0.0, has_audio)
+        for frame in container.decode(stream):
+            width, height = frame.width, frame.height
+            frames += 1
+            if frames > max_frames or width * height > max_pixels:
+                break
     except Exception as exc:
         raise VideoDecodeError(f"{type(exc).__name__}: {exc}") from None
     finally:
         container.close()
-    if width * height <= max_pixels and frames == 0:
+    if frames == 0:
         raise VideoDecodeError("the video stream has no frames")
-    frames = max(frames, min(stated, max_frames + 1)) if width * height <= max_pixels else stated
-    seconds = frames / fps if fps else 0.0
-    return VideoInfo(width, height, frames, fps, seconds, has_audio)
+    if frames <= max_frames and width * height <= max_pixels and claimed > frames:
+        raise VideoDecodeError(f"the video states {claimed} frames but holds {frames}")  # frames are sampled by it
+    if not fps:
+        raise VideoDecodeError("the video stream has no frame rate")
+    return VideoInfo(width, height, frames, fps, frames / fps, has_audio)
 
 
-def decode(raw: bytes, rule: FrameRule) -> VideoClip:
-    """The frames `rule` picks, as RGB24 arrays made over by `rule.frame` (decoding stops after the last)."""
+def decode(raw: bytes, rule: FrameRule, admit: Callable[[int, int, int], None] | None = None) -> VideoClip:
+    """The frames `rule` picks, as RGB24 arrays made over by `rule.frame` (decoding stops after the
+    last). `admit(frames, height, width)`, when given, may refuse the video (raise) once it is known
+    how many frames of which size would be kept, before any is decoded."""
     container = _open(raw)
     try:
         total, fps = _metadata(container)
@@ -123,6 +119,9 @@ def decode(raw: bytes, rule: FrameRule) -> VideoClip:
         if not fps:
             raise VideoDecodeError("the video stream has no frame rate")
         keep = rule.indices(total, fps)
+        if admit is not None:
+            stream = container.streams.video[0]
+            admit(len(keep), int(stream.codec_context.height or 0), int(stream.codec_context.width or 0))
         wanted, frames = set(keep), {}
         last = keep[-1] if keep else -1
         for i, frame in enumerate(container.decode(video=0)):

@@ -164,20 +164,19 @@ class Preprocessor:
 
     def video_patches(self, video: bytes) -> VideoPatches:
         """A video file's sampled frames as patches (an undecodable file is an InvalidRequest, and so
-        is one whose tokens, counted from its stated size first, pass `max_video_tokens`)."""
-        from omni.models.video_frames import VideoDecodeError, decode, stated
+        is one whose tokens, counted before its frames are decoded, pass `max_video_tokens`)."""
+        from omni.models.video_frames import VideoDecodeError, decode
 
         try:
-            total, fps, width, height = stated(bytes(video))
-            if self.max_video_tokens and total and fps and width and height:
-                self._check_tokens(len(self.frame_rule.indices(total, fps)), height, width)
-            clip = decode(bytes(video), self.frame_rule)
+            clip = decode(bytes(video), self.frame_rule, self._check_tokens if self.max_video_tokens else None)
         except VideoDecodeError as exc:
             raise InvalidRequest(f"cannot decode video: {exc}") from None
         return video_to_patches(clip.frames, self.video_cfg)
 
     def _check_tokens(self, frames: int, height: int, width: int) -> None:
         cfg = self.video_cfg
+        if not height or not width:
+            return  # the container does not say: the prompt's length bound holds after decoding
         h, w = smart_resize(height, width, cfg.patch_size * cfg.merge_size, cfg.min_pixels, cfg.max_pixels)
         grids = -(-frames // cfg.temporal_patch_size)
         tokens = grids * (h // cfg.patch_size) * (w // cfg.patch_size) // cfg.merge_size**2
