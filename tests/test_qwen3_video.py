@@ -187,6 +187,18 @@ def test_prompt_layout_equals_transformers_processor(ckpt, oracle, use_audio, tr
     assert torch.equal(pos, ref[:, 0]) and delta == float(ref_delta)
 
 
+def test_a_container_that_states_no_frame_count_is_counted(ckpt):
+    from omni.models.qwen3_omni.stages.preprocess import Preprocessor
+    from omni.models.video_frames import probe
+
+    mp4, mkv = (video_bytes(frames=10, fps=5, height=32, width=48, container=c) for c in ("mp4", "matroska"))
+    info = probe(mkv, 100, 10**6)
+    assert (info.frames, info.fps, info.seconds) == (10, 5.0, 2.0)
+    pre = Preprocessor(ckpt)
+    got, want = (pre([{"role": "user", "content": [{"type": "video", "data": v}]}]).videos[0] for v in (mkv, mp4))
+    assert got.grid_thw == want.grid_thw and np.array_equal(got.pixels, want.pixels)
+
+
 def test_video_past_the_context_is_refused_before_decoding(ckpt, video):
     from omni.kernel.errors import InvalidRequest
     from omni.models.qwen3_omni.stages.preprocess import Preprocessor

@@ -9,14 +9,15 @@ import numpy as np
 
 
 def video_bytes(frames: int = 8, fps: int = 4, height: int = 48, width: int = 64, seed: int = 0,
-                audio_seconds: float | None = None, audio_rate: int = 16000) -> bytes:
+                audio_seconds: float | None = None, audio_rate: int = 16000, container: str = "mp4") -> bytes:
     """An mp4 (MPEG-4 part 2 video, AAC audio when `audio_seconds` is given) of random-ish frames:
-    smooth gradients plus noise, so resizing and the vision tower see varied pixels."""
+    smooth gradients plus noise, so resizing and the vision tower see varied pixels. `container`
+    "matroska" writes the same streams into an mkv, which states no frame count."""
     import av
 
     rng = np.random.default_rng(seed)
     buf = io.BytesIO()
-    with av.open(buf, mode="w", format="mp4") as out:
+    with av.open(buf, mode="w", format=container) as out:
         vs = out.add_stream("mpeg4", rate=fps)
         vs.width, vs.height, vs.pix_fmt = width, height, "yuv420p"
         vs.codec_context.time_base = Fraction(1, fps)
