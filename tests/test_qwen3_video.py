@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import importlib.util
+from dataclasses import replace
 from unittest import mock
 
 import requests
@@ -78,11 +79,11 @@ class FramesToPatches:
                 "video_grid_thw": torch.tensor([p.grid_thw for p in patches])}
 
 
-def hf_inputs(oracle: Oracle, video: bytes, text: str, use_audio: bool) -> dict:
-    """transformers' processor on one video (+ its track) and a question."""
+def hf_inputs(oracle: Oracle, video: bytes, text: str, use_audio: bool, fps: float = CFG.fps) -> dict:
+    """transformers' processor on one video (+ its track) and a question, called with `fps`."""
     from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
 
-    frames = decode(video, QwenFrameRule(CFG)).frames
+    frames = decode(video, QwenFrameRule(replace(CFG, fps=fps))).frames
     proc = oracle.processor
     with mock.patch.object(proc, "video_processor", FramesToPatches(), create=True), \
             mock.patch.object(Qwen3OmniMoeProcessor, "check_argument_for_proper_class", lambda *a: None):
@@ -91,15 +92,15 @@ def hf_inputs(oracle: Oracle, video: bytes, text: str, use_audio: bool) -> dict:
             tokenize=False, add_generation_prompt=True)
         audio = {"audio": [track(video)], "audio_from_video_indices": [0], "load_audio_from_video": True} \
             if use_audio else {}
-        inputs = proc(text=[prompt], videos=[frames], videos_kwargs={"fps": CFG.fps}, return_tensors="pt", **audio)
+        inputs = proc(text=[prompt], videos=[frames], videos_kwargs={"fps": fps}, return_tensors="pt", **audio)
     return {k: v for k, v in inputs.items() if k != "attention_mask"}
 
 
-def reference(oracle: Oracle, video: bytes, text: str, use_audio: bool) -> list[int]:
+def reference(oracle: Oracle, video: bytes, text: str, use_audio: bool, fps: float = CFG.fps) -> list[int]:
     """transformers' greedy thinker tokens for one video (+ its track) and a question."""
     import torch
 
-    inputs = hf_inputs(oracle, video, text, use_audio)
+    inputs = hf_inputs(oracle, video, text, use_audio, fps)
     with torch.no_grad():
         out = oracle.hf.generate(**inputs, use_audio_in_video=use_audio, return_audio=False,
                                  thinker_max_new_tokens=TOKENS, thinker_eos_token_id=IM_END, thinker_do_sample=False)
@@ -107,8 +108,8 @@ def reference(oracle: Oracle, video: bytes, text: str, use_audio: bool) -> list[
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 
 
-def omni_result(server, video: bytes, text: str, use_audio: bool, speech: bool = False):
-    part = {"type": "video", "data": video}
+def omni_result(server, video: bytes, text: str, use_audio: bool, speech: bool = False, fps: float | None = None):
+    part = {"type": "video", "data": video, **({"fps": fps} if fps else {})}
     if use_audio:
         pcm = track(video)
         part["audio"] = {"pcm": pcm.tobytes(), "sample_rate": 16000}
@@ -121,11 +122,13 @@ def omni_result(server, video: bytes, text: str, use_audio: bool, speech: bool =
     return server.run(run())
 
 
-@pytest.mark.parametrize("use_audio", [False, True], ids=["frames", "audio_in_video"])
-def test_greedy_tokens_equal_transformers(server, oracle, video, use_audio):
-    want = reference(oracle, video, "what happens?", use_audio)
+@pytest.mark.parametrize("use_audio,fps", [(False, None), (True, None), (True, 4.0)],
+                         ids=["frames", "audio_in_video", "fps4"])
+def test_greedy_tokens_equal_transformers(server, oracle, video, use_audio, fps):
+    """fps: the request's `mm_processor_kwargs.fps` (the processor called with it) for the checkpoint's 2."""
+    want = reference(oracle, video, "what happens?", use_audio, fps or CFG.fps)
     assert len(want) == TOKENS and len(set(want)) > 2  # varied tokens, not a degenerate model
-    assert omni_result(server, video, "what happens?", use_audio).tokens == want
+    assert omni_result(server, video, "what happens?", use_audio, fps=fps).tokens == want
 
 
 def test_speech_about_a_video_equals_transformers(server, oracle, video):
@@ -217,13 +220,14 @@ def data_url(raw: bytes, media: str = "video/mp4") -> str:
 
 
 def test_video_url_over_http_equals_transformers(server, oracle, video):
-    want = oracle.tokenizer.decode(reference(oracle, video, "and the sound?", True), skip_special_tokens=True)
+    """As Qwen's own examples call vLLM: `mm_processor_kwargs` with fps and do_sample_frames too."""
+    want = oracle.tokenizer.decode(reference(oracle, video, "and the sound?", True, 4.0), skip_special_tokens=True)
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     resp = client.chat.completions.create(
         model=server.info.id, temperature=0, max_tokens=TOKENS,
         messages=[{"role": "user", "content": [{"type": "video_url", "video_url": {"url": data_url(video)}},
                                                {"type": "text", "text": "and the sound?"}]}],
-        extra_body={"mm_processor_kwargs": {"use_audio_in_video": True}})
+        extra_body={"mm_processor_kwargs": {"use_audio_in_video": True, "fps": 4, "do_sample_frames": True}})
     assert resp.choices[0].message.content == want and resp.usage.completion_tokens == TOKENS
 
 
@@ -269,7 +273,9 @@ BAD = {  # name: (url, extra body, code)
     "not a video data url": (data_url(b"x", "image/png"), {}, "invalid_video"),
     "file path": ("file:///etc/passwd", {}, "video_url_not_allowed"),
     "remote host": ("http://example.com/a.mp4", {}, "video_url_not_allowed"),
-    "unknown mm kwarg": ("", {"mm_processor_kwargs": {"fps": 4}}, "unknown_parameter"),
+    "unknown mm kwarg": ("", {"mm_processor_kwargs": {"num_frames": 4}}, "unknown_parameter"),
+    "every frame": ("", {"mm_processor_kwargs": {"do_sample_frames": False}}, "unsupported_value"),
+    "fps out of range": ("", {"mm_processor_kwargs": {"fps": 0}}, "invalid_value"),
 }
 
 

@@ -34,6 +34,7 @@ from omni.api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     ImagePart,
+    MmProcessorKwargs,
     SpeechRequest,
     StageSampling,
     TextPart,
@@ -202,11 +203,16 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest, hold=None)
             raise bad_request("streamed audio is sent as pcm16; set audio.format to 'pcm16' or stream=false",
                               param="audio.format", code="unsupported_stream_format")
     messages, audio_budget = [], AudioBudget(state.config.limits)  # one bound on all of a request's audio
-    use_audio = bool(req.mm_processor_kwargs and req.mm_processor_kwargs.use_audio_in_video)
+    mm = req.mm_processor_kwargs or MmProcessorKwargs()
+    if mm.do_sample_frames is False:
+        raise bad_request("do_sample_frames=false (every frame of a video) is not served; videos are sampled at "
+                          "`fps` frames a second", param="mm_processor_kwargs.do_sample_frames",
+                          code="unsupported_value")
+    video = {"use_audio": mm.use_audio_in_video, "fps": mm.fps}
     for i, msg in enumerate(req.messages):
         messages.append({"role": "system" if msg.role == "developer" else msg.role,
                          "content": await _content(state, msg.content, f"messages[{i}].content", audio_budget,
-                                                   use_audio, hold)})
+                                                   video, hold)})
         if msg.token_ids is not None and msg.role == "assistant":  # the prompt takes them, not the text
             messages[-1]["token_ids"] = msg.token_ids
     base = sampling_fields(req, req.max_completion_tokens or req.max_tokens, logprobs_asked(state, req))
@@ -218,7 +224,7 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest, hold=None)
 
 
 async def _content(state: ServerState, content, param: str, audio_budget: AudioBudget,
-                   use_audio_in_video: bool = False, hold=None) -> str | list[dict]:
+                   video: dict | None = None, hold=None) -> str | list[dict]:
     """A string stays a string (the model renders it in its template's content format); parts are
     checked and their media decoded."""
     if content is None:
@@ -242,8 +248,11 @@ async def _content(state: ServerState, content, param: str, audio_budget: AudioB
                 data = await fetch_image(url, f"{where}.image_url.url", state.config.limits)
             parts.append({"type": "image", "data": data})
         elif isinstance(part, VideoPart):
+            video = video or {}
             parts.append(await video_content(part.video_url.url, f"{where}.video_url.url", state.config.limits,
-                                             use_audio_in_video, audio_budget, hold))
+                                             bool(video.get("use_audio")), audio_budget, hold))
+            if video.get("fps"):
+                parts[-1]["fps"] = float(video["fps"])
     return parts
 
 

@@ -58,6 +58,8 @@ class MmProcessorKwargs(Struct, forbid_unknown_fields=True):
     """vLLM's `mm_processor_kwargs`, of which omni takes only what changes a request's inputs."""
 
     use_audio_in_video: bool = False  # the videos' audio tracks are heard too, interleaved in time
+    fps: Annotated[float, Meta(gt=0, le=60)] | None = None  # frames sampled per second of video (the model's own)
+    do_sample_frames: bool | None = None  # Qwen's docs send true; false (every frame) is not served
 
 
 class Message(Struct):

@@ -159,6 +159,11 @@ def _message(message: Any, index: int) -> dict[str, Any]:
             if not isinstance(data, (bytes, bytearray, memoryview)):
                 raise InvalidRequest(f"messages[{index}].content[{j}]: video part without the file's bytes")
             video = {"type": "video", "data": bytes(data)}
+            if item.get("fps") is not None:  # frames sampled a second (the processor's `fps`)
+                fps = item["fps"]
+                if not isinstance(fps, (int, float)) or not 0 < fps <= 60:
+                    raise InvalidRequest(f"messages[{index}].content[{j}]: video fps must be in (0, 60], got {fps!r}")
+                video["fps"] = float(fps)
             if item.get("audio") is not None:  # its audio track (use_audio_in_video), as an audio part's
                 video["audio"] = _audio_item(item["audio"])["audio"]
             items.append(video)

@@ -8,8 +8,8 @@ expanded to as many tokens as the encoders will output (audio: the conv stack's 
 the thinker's prefix-cache keys, do not depend on what else the request holds, so a conversation's
 next turn reuses them. Images are patchified by `image_patches`.
 
-Videos (`{"type": "video", "data": file bytes, "audio": {"pcm", "sample_rate"} | absent}`) are
-decoded by `omni.models.video_frames` with this family's frame rule and patchified by
+Videos (`{"type": "video", "data": file bytes, "audio": {"pcm", "sample_rate"} | absent, "fps": frames
+a second | absent}`) are decoded by `omni.models.video_frames` with this family's frame rule and patchified by
 `video_patches`; a `<|video_pad|>` becomes t*h*w / merge^2 video tokens, or, when the video comes
 with its audio track (use_audio_in_video), `<|audio_start|>` + video and audio tokens interleaved
 in time order + `<|audio_end|>`, as transformers' processor writes it (the track is one more audio
@@ -19,7 +19,7 @@ clip, in prompt order, through the audio encoder).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +138,7 @@ class Preprocessor:
         out.audio_slots = [i for i, (owner, _) in enumerate(clips) if owner is None]
         out.video_audio = [next((i for i, (owner, _) in enumerate(clips) if owner == v), None)
                            for v in range(len(videos))]
-        out.videos = [self.video_patches(v) for v in videos]
+        out.videos = [self.video_patches(v, fps) for v, fps in videos]
         out.input_ids = self._expand(ids, out)
         return out
 
@@ -162,16 +162,19 @@ class Preprocessor:
         """[128, frames] log-mels per audio (16 kHz mono float32 in), each as if it came alone."""
         return [self.clip_features(a) for a in audios]
 
-    def video_patches(self, video: bytes) -> VideoPatches:
+    def video_patches(self, video: bytes, fps: float | None = None) -> VideoPatches:
         """A video file's sampled frames as patches (an undecodable file is an InvalidRequest, and so
-        is one whose tokens, counted before its frames are decoded, pass `max_video_tokens`)."""
+        is one whose tokens, counted before its frames are decoded, pass `max_video_tokens`); `fps`:
+        the request's sampling rate instead of the checkpoint's (the processor's `fps` kwarg)."""
         from omni.models.video_frames import VideoDecodeError, decode
 
         try:
-            clip = decode(bytes(video), self.frame_rule, self._check_tokens if self.max_video_tokens else None)
+            cfg = self.video_cfg if fps is None else replace(self.video_cfg, fps=float(fps))
+            rule = self.frame_rule if fps is None else QwenFrameRule(cfg)
+            clip = decode(bytes(video), rule, self._check_tokens if self.max_video_tokens else None)
         except VideoDecodeError as exc:
             raise InvalidRequest(f"cannot decode video: {exc}") from None
-        return video_to_patches(clip.frames, self.video_cfg)
+        return video_to_patches(clip.frames, cfg)
 
     def _check_tokens(self, frames: int, height: int, width: int) -> None:
         cfg = self.video_cfg
@@ -253,7 +256,7 @@ class Preprocessor:
                         raise InvalidRequest("video item without the file's bytes")
                     if item.get("audio") is not None:  # its audio track (use_audio_in_video)
                         audios.append((len(videos), _audio_pcm(item["audio"])))
-                    videos.append(video)
+                    videos.append((video, item.get("fps")))
                     items.append({"type": "video", "video": "<video>"})
                 elif kind in IMAGE_TYPES:
                     image = item.get("image", item.get(kind))
