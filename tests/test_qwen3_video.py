@@ -31,7 +31,7 @@ from omni.models.qwen3_omni.checkpoint.make_tiny import PREPROCESSOR_CONFIG
 from omni.models.qwen3_omni.graph import build
 from omni.models.qwen3_omni.modules.video_patches import QwenFrameRule, VideoPatchConfig, video_to_patches
 from omni.models.video_frames import decode
-from qwen3_fixtures import IM_END, THREADS_ENV, Oracle, params, summarize
+from qwen3_fixtures import IM_END, Oracle, params, summarize
 from test_api_qwen3 import ckpt, oracle  # noqa: F401 (fixtures: the tiny-b checkpoint and its oracle)
 from test_api_support import LiveServer
 from video_fixtures import video_bytes
@@ -53,7 +53,7 @@ def video():
 
 @pytest.fixture(scope="module")
 def server(ckpt):
-    with LiveServer(mode="process", env=THREADS_ENV, build=lambda: build(ckpt),
+    with LiveServer(mode="inline", build=lambda: build(ckpt),
                     extra_configs=[ServerConfig(port=0, limits=TIGHT),
                                    ServerConfig(port=0, budgets={"uploads": UPLOADS})]) as srv:
         yield srv
