@@ -55,7 +55,8 @@ def video():
 def server(ckpt):
     with LiveServer(mode="inline", build=lambda: build(ckpt),
                     extra_configs=[ServerConfig(port=0, limits=TIGHT),
-                                   ServerConfig(port=0, budgets={"uploads": UPLOADS})]) as srv:
+                                   ServerConfig(port=0, budgets={"uploads": UPLOADS}),
+                                   ServerConfig(port=0, limits=MediaLimits(image_hosts=["127.0.0.1"]))]) as srv:
         yield srv
 
 
@@ -257,6 +258,35 @@ def test_each_bound_refused(server, name):
     error = resp.json()["error"]
     assert resp.status_code == status and error["code"] == code and words in error["message"], error
     assert error["param"] == "messages[0].content[0].video_url.url"
+
+
+@pytest.fixture(scope="module")
+def video_host(tmp_path_factory, video):
+    """A plain HTTP server on the loopback serving the test video as /v.mp4 (an allow-listed host)."""
+    import functools
+    import http.server
+    import threading
+
+    root = tmp_path_factory.mktemp("videos")
+    (root / "v.mp4").write_bytes(video)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    thread.join(10)
+
+
+def test_video_from_an_allow_listed_host(server, video, video_host):
+    url = server.servers[3].url
+    fetched = post(url, video_part(video_host + "/v.mp4"), model=server.info.id, max_tokens=TOKENS, temperature=0)
+    inline = post(url, video_part(data_url(video)), model=server.info.id, max_tokens=TOKENS, temperature=0)
+    assert fetched.status_code == 200 and fetched.json()["choices"] == inline.json()["choices"]
+    missing = post(url, video_part(video_host + "/nothing.mp4"), model=server.info.id)
+    assert missing.status_code == 400 and missing.json()["error"]["code"] == "video_fetch_failed"
+    refused = post(server.url, video_part(video_host + "/v.mp4"), model=server.info.id)  # not allow-listed there
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "video_url_not_allowed"
 
 
 def test_decoded_track_is_held_on_the_uploads_budget(server, video):
