@@ -110,6 +110,7 @@ def reference(oracle: Oracle, video: bytes, text: str, use_audio: bool, fps: flo
 
 
 def omni_result(server, video: bytes, text: str, use_audio: bool, speech: bool = False, fps: float | None = None):
+    """omni's answer through a LiveServer's or a RunningKernel's kernel."""
     part = {"type": "video", "data": video, **({"fps": fps} if fps else {})}
     if use_audio:
         pcm = track(video)
@@ -120,7 +121,7 @@ def omni_result(server, video: bytes, text: str, use_audio: bool, speech: bool =
     async def run():
         return summarize(await server.kernel.submit(p).collect())
 
-    return server.run(run())
+    return server.run(run()) if hasattr(server, "run") else server.loop.run(run())
 
 
 @pytest.mark.parametrize("use_audio,fps", [(False, None), (True, None), (True, 4.0)],
@@ -130,6 +131,25 @@ def test_greedy_tokens_equal_transformers(server, oracle, video, use_audio, fps)
     want = reference(oracle, video, "what happens?", use_audio, fps or CFG.fps)
     assert len(want) == TOKENS and len(set(want)) > 2  # varied tokens, not a degenerate model
     assert omni_result(server, video, "what happens?", use_audio, fps=fps).tokens == want
+
+
+@pytest.mark.parametrize("preset", ["tiny-a", "tiny-c"])
+def test_other_shapes_equal_transformers(tmp_path, video, preset):
+    """Checkpoints of other widths, depths, experts and deepstack layers, through one in-process kernel."""
+    from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
+    from qwen3_fixtures import LoopThread, RunningKernel
+
+    ckpt = str(make_tiny(tmp_path / preset, seed=0, preset=preset))
+    ref = Oracle(ckpt)
+    loop = LoopThread()
+    try:
+        with RunningKernel(loop, build(ckpt, "text")[0], mode="inline") as kernel:
+            for use_audio in (False, True):
+                want = reference(ref, video, "what happens?", use_audio)
+                assert len(set(want)) > 2
+                assert omni_result(kernel, video, "what happens?", use_audio).tokens == want
+    finally:
+        loop.close()
 
 
 def test_speech_about_a_video_equals_transformers(server, oracle, video):
