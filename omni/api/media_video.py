@@ -48,8 +48,7 @@ def check_video(raw: bytes, param: str, limits: MediaLimits) -> VideoInfo:
 async def video_content(url: str, param: str, limits: MediaLimits, use_audio: bool, audio_budget: AudioBudget,
                         hold: Callable[[int], None] | None = None) -> dict:
     """One `video_url` part in the params contract: {"type": "video", "data": bytes[, "audio": ...]}
-    (params.py adds the request's "fps");
-    `hold(nbytes)` takes more of the request's memory budget."""
+    (params.py adds the request's "fps"); `hold(nbytes)` takes more of the request's memory budget."""
     hold = hold or (lambda nbytes: None)
     raw, remote = await off_loop(parse_media_url, url, param, limits, "video")
     if raw is None:
