@@ -31,7 +31,7 @@ CHAT = {
     "bad part type": ('{"model": "m", "messages": [{"role": "user", "content": [{"type": "video"}]}]}',
                       "invalid_value", "messages[0].content[0].type",
                       "Invalid value for 'messages[0].content[0].type': 'video'. Supported values are: 'text', "
-                      "'image_url', 'input_audio'."),
+                      "'image_url', 'input_audio', 'video_url'."),
     "unknown stage field": ('{"model": "m", %s, "stage_sampling": {"a": {"top_k": 1}, "talker": {"warmth": 1}}}'
                             % HI, "unknown_parameter", "stage_sampling.talker.warmth",
                             "Unrecognized request argument supplied: 'stage_sampling.talker.warmth'."),

@@ -135,7 +135,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-realtime-sessions", type=int, default=256,
                         help="Realtime sessions open at once; a session past it is refused (error event "
                              "`overloaded`, close code 1013) rather than slowing the others")
-    parser.add_argument("--image-host", action="append", default=[], help="allow image_url from this host")
+    parser.add_argument("--image-host", action="append", default=[], help="allow image_url and video_url from this host")
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish requests on stop")
     parser.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
                         help="CUDA MPS for GPU stages sharing a device (auto: when two or more do and "

@@ -4,6 +4,7 @@ Audio is decoded with libsndfile (wav, flac, ogg, mp3) or, for what it cannot re
 m4a/aac, mp4 audio), with PyAV (`av_audio`); then mixed to mono float32 and resampled with
 soxr to the rate the model takes. Images arrive as data URLs (or from operator allow-listed hosts),
 are opened with Pillow to prove they are images, and travel on as the original file bytes.
+Videos take the same path (data URLs, or the same allow-listed hosts), checked by `media_video`.
 Server-side paths are never read.
 """
 
@@ -36,8 +37,12 @@ class MediaLimits:
     max_sample_abs: float = 4.0  # full scale is 1.0; float files may peak a little above it
     max_image_bytes: int = 20 << 20
     max_image_pixels: int = 40_000_000
-    image_hosts: list[str] = field(default_factory=list)  # remote hosts allowed for image_url
+    image_hosts: list[str] = field(default_factory=list)  # remote hosts allowed for image_url and video_url
     fetch_timeout_s: float = 10.0
+    max_video_bytes: int = 64 << 20
+    max_video_seconds: float = 600.0
+    max_video_frames: int = 18_000  # frames the file holds (10 min at 30 fps): every one is decoded
+    max_video_pixels: int = 3840 * 2160  # one frame's width x height
 
 
 def b64decode_strict(data: str, param: str) -> bytes:
@@ -184,27 +189,40 @@ def _check_image(raw: bytes, param: str, limits: MediaLimits) -> bytes:
 
 def parse_image_url(url: str, param: str, limits: MediaLimits) -> tuple[bytes | None, str | None]:
     """Returns (image bytes, None) for a data URL or (None, url) for an allow-listed remote URL."""
+    raw, remote = parse_media_url(url, param, limits, "image")
+    return (None, remote) if raw is None else (_check_image(raw, param, limits), None)
+
+
+def parse_media_url(url: str, param: str, limits: MediaLimits, kind: str) -> tuple[bytes | None, str | None]:
+    """(the bytes of a `data:<kind>/...;base64,` URL, None) or (None, url) for an allow-listed remote
+    URL; anything else (file paths and URLs, other schemes, other hosts) is a 400."""
     if url.startswith("data:"):
         header, sep, payload = url.partition(",")
         if not sep or not header.endswith(";base64"):
-            raise bad_request(f"{param}: data URLs must be 'data:image/<type>;base64,<data>'", param=param,
-                              code="invalid_image")
-        if not header[5:].startswith("image/"):
-            raise bad_request(f"{param}: data URL media type must be image/*, got {header[5:-7]!r}", param=param,
-                              code="invalid_image")
-        return _check_image(b64decode_strict(payload, param), param, limits), None
+            raise bad_request(f"{param}: data URLs must be 'data:{kind}/<type>;base64,<data>'", param=param,
+                              code=f"invalid_{kind}")
+        if not header[5:].startswith(f"{kind}/"):
+            raise bad_request(f"{param}: data URL media type must be {kind}/*, got {header[5:-7]!r}", param=param,
+                              code=f"invalid_{kind}")
+        return b64decode_strict(payload, param), None
     parts = urlsplit(url)
     if parts.scheme in ("http", "https") and parts.hostname:
         if parts.hostname.lower() in {h.lower() for h in limits.image_hosts}:
             return None, url
-        raise bad_request(f"{param}: remote image URLs are not allowed (host {parts.hostname!r} is not in the "
-                          "server's allow-list); send a data URL", param=param, code="image_url_not_allowed")
+        raise bad_request(f"{param}: remote {kind} URLs are not allowed (host {parts.hostname!r} is not in the "
+                          "server's allow-list); send a data URL", param=param, code=f"{kind}_url_not_allowed")
     raise bad_request(f"{param}: only data URLs (and allow-listed http(s) hosts) are accepted; file paths and "
-                      f"{parts.scheme or 'scheme-less'} URLs never are", param=param, code="image_url_not_allowed")
+                      f"{parts.scheme or 'scheme-less'} URLs never are", param=param, code=f"{kind}_url_not_allowed")
 
 
 async def fetch_image(url: str, param: str, limits: MediaLimits) -> bytes:
-    """Fetch an allow-listed remote image, bounded in size and time.
+    """Fetch an allow-listed remote image, bounded in size and time (`fetch_media`)."""
+    return await fetch_media(url, param, limits, "image", limits.max_image_bytes, _check_image)
+
+
+async def fetch_media(url: str, param: str, limits: MediaLimits, kind: str, max_bytes: int, check) -> bytes:
+    """Fetch an allow-listed remote image or video, bounded in size and time; `check(raw, param,
+    limits)` proves it is one.
 
     Every failure gives the same answer (the cause is logged): an error that differed by status,
     refusal, timeout or content would let a client map the ports and paths of an allowed host.
@@ -217,9 +235,9 @@ async def fetch_image(url: str, param: str, limits: MediaLimits) -> bytes:
             async with session.get(url, allow_redirects=False) as resp:
                 if resp.status != 200:
                     raise ValueError(f"HTTP {resp.status}")
-                raw = await resp.content.read(limits.max_image_bytes + 1)
-        return await off_loop(_check_image, raw, param, limits)
+                raw = await resp.content.read(max_bytes + 1)
+        return await off_loop(check, raw, param, limits)
     except Exception as exc:  # not an image, or too large, reads the same too: it was fetched
         log.info("fetching %s for %s failed: %s: %s", url, param, type(exc).__name__, exc)
-        raise bad_request(f"{param}: could not fetch an image from that URL", param=param,
-                          code="image_fetch_failed") from None
+        raise bad_request(f"{param}: could not fetch {'an' if kind[0] in 'aeiou' else 'a'} {kind} from that URL",
+                          param=param, code=f"{kind}_fetch_failed") from None

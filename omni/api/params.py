@@ -24,6 +24,7 @@ from omni.api.media import (
     off_loop,
     parse_image_url,
 )
+from omni.api.media_video import video_content
 from omni.api.routes_voices import uploaded_voice
 from omni.api.voice_names import OPENAI_VOICES, is_openai_voice, own_voice, voice_description
 from omni.api.schemas import (
@@ -33,9 +34,11 @@ from omni.api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     ImagePart,
+    MmProcessorKwargs,
     SpeechRequest,
     StageSampling,
     TextPart,
+    VideoPart,
     VoiceId,
 )
 
@@ -178,7 +181,9 @@ def completion_params(state: ServerState, req: CompletionRequest) -> list[dict]:
              "sampling": stage_sampling(state, base, req.stage_sampling)} for prompt in prompts]
 
 
-async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
+async def chat_params(state: ServerState, req: ChatCompletionRequest, hold=None) -> dict:
+    """`hold(nbytes)`: media the request holds beyond its body (a fetched video, its decoded track)
+    taken on the request's memory budget (routes_chat: the `uploads` budget, with the body)."""
     check_model(state, req.model, chat=True)
     refuse_unserved(req)
     modalities = list(dict.fromkeys(req.modalities or ["text"]))
@@ -198,9 +203,16 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
             raise bad_request("streamed audio is sent as pcm16; set audio.format to 'pcm16' or stream=false",
                               param="audio.format", code="unsupported_stream_format")
     messages, audio_budget = [], AudioBudget(state.config.limits)  # one bound on all of a request's audio
+    mm = req.mm_processor_kwargs or MmProcessorKwargs()
+    if mm.do_sample_frames is False:
+        raise bad_request("do_sample_frames=false (every frame of a video) is not served; videos are sampled at "
+                          "`fps` frames a second", param="mm_processor_kwargs.do_sample_frames",
+                          code="unsupported_value")
+    video = {"use_audio": mm.use_audio_in_video, "fps": mm.fps}
     for i, msg in enumerate(req.messages):
         messages.append({"role": "system" if msg.role == "developer" else msg.role,
-                         "content": await _content(state, msg.content, f"messages[{i}].content", audio_budget)})
+                         "content": await _content(state, msg.content, f"messages[{i}].content", audio_budget,
+                                                   video, hold)})
         if msg.token_ids is not None and msg.role == "assistant":  # the prompt takes them, not the text
             messages[-1]["token_ids"] = msg.token_ids
     base = sampling_fields(req, req.max_completion_tokens or req.max_tokens, logprobs_asked(state, req))
@@ -211,7 +223,8 @@ async def chat_params(state: ServerState, req: ChatCompletionRequest) -> dict:
     return params
 
 
-async def _content(state: ServerState, content, param: str, audio_budget: AudioBudget) -> str | list[dict]:
+async def _content(state: ServerState, content, param: str, audio_budget: AudioBudget,
+                   video: dict | None = None, hold=None) -> str | list[dict]:
     """A string stays a string (the model renders it in its template's content format); parts are
     checked and their media decoded."""
     if content is None:
@@ -234,6 +247,12 @@ async def _content(state: ServerState, content, param: str, audio_budget: AudioB
             if data is None:
                 data = await fetch_image(url, f"{where}.image_url.url", state.config.limits)
             parts.append({"type": "image", "data": data})
+        elif isinstance(part, VideoPart):
+            video = video or {}
+            parts.append(await video_content(part.video_url.url, f"{where}.video_url.url", state.config.limits,
+                                             bool(video.get("use_audio")), audio_budget, hold))
+            if video.get("fps"):
+                parts[-1]["fps"] = float(video["fps"])
     return parts
 
 

@@ -9,7 +9,7 @@ import uuid
 from aiohttp import web
 
 from omni.api.audio_codec import StreamEncoder, encode_audio
-from omni.api.connections import read_body
+from omni.api.connections import UPLOAD, read_body, upload_lease
 from omni.api.errors import as_api_error
 from omni.api.choices import Choices, choice_params
 from omni.api.generation import AudioPiece, Collected, Finish, KernelRequest, TextPiece
@@ -43,13 +43,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     req = decode_body(await read_body(request), ChatCompletionRequest)
     check_prompt_chars(state.info, chat_chars(req))
-    params = await chat_params(state, req)
+    params = await chat_params(state, req, lambda nbytes: _hold(request, nbytes))
     wants_audio = "audio" in params["modalities"]
     meta = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": req.model}
     async with kernel_requests(state, params, req.n, ROUTE, stop_strings(req.stop), wants_audio) as choices:
         if req.stream:
             return await _stream(request, choices, req, meta, wants_audio)
         return await _whole(choices, req, meta, wants_audio)
+
+
+def _hold(request: web.Request, nbytes: int) -> None:
+    """Media decoded or fetched for the request, held on the `uploads` budget with its body."""
+    upload_lease(request, (request[UPLOAD].bytes if UPLOAD in request else 0) + nbytes)
 
 
 def _message(out: Collected, req: ChatCompletionRequest, wants_audio: bool) -> dict:

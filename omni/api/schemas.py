@@ -41,7 +41,25 @@ class AudioPart(Struct, tag="input_audio", tag_field="type"):
     input_audio: InputAudio
 
 
-ContentPart = Union[TextPart, ImagePart, AudioPart]
+class VideoUrl(Struct):
+    url: str  # a data URL (data:video/mp4;base64,...) or an allow-listed http(s) URL, as image_url's
+
+
+class VideoPart(Struct, tag="video_url", tag_field="type"):
+    """vLLM's name and shape for a video in chat: {"type": "video_url", "video_url": {"url": ...}}."""
+
+    video_url: VideoUrl
+
+
+ContentPart = Union[TextPart, ImagePart, AudioPart, VideoPart]
+
+
+class MmProcessorKwargs(Struct, forbid_unknown_fields=True):
+    """vLLM's `mm_processor_kwargs`, of which omni takes only what changes a request's inputs."""
+
+    use_audio_in_video: bool = False  # the videos' audio tracks are heard too, interleaved in time
+    fps: Annotated[float, Meta(gt=0, le=60)] | None = None  # frames sampled per second of video (the model's own)
+    do_sample_frames: bool | None = None  # Qwen's docs send true; false (every frame) is not served
 
 
 class Message(Struct):
@@ -81,6 +99,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     user: str | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    mm_processor_kwargs: MmProcessorKwargs | None = None  # vLLM's; {"use_audio_in_video": true}
     # OpenAI parameters omni does not serve yet: decoded so that a request using one is refused
     # with a 400 naming it (`UNSERVED_CHAT_FIELDS`), never silently answered without it
     tools: Any = None

@@ -1,7 +1,7 @@
 """The Qwen3-Omni family: a checkpoint directory -> the stage graph that serves it, and its ModelInfo.
 
     preprocess --audio--> audio_encoder --embeds--> thinker --text--> (client)
-        |      --image--> vision_encoder --embeds--^   |
+        |      --image--> vision_encoder --embeds--^   |     (images, and videos' frames in temporal patches)
         |      --prompt-----------------------------^   +--hidden--> talker --codes--> code2wav --audio--> (client)
         +--grids (image grids, for the talker's M-RoPE)-------------------^
 

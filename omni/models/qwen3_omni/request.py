@@ -154,6 +154,19 @@ def _message(message: Any, index: int) -> dict[str, Any]:
             if data is None:
                 raise InvalidRequest(f"messages[{index}].content[{j}]: image part without data")
             items.append({"type": "image", "image": data})
+        elif kind in ("video", "video_url"):
+            data = item.get("data", item.get("video"))
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise InvalidRequest(f"messages[{index}].content[{j}]: video part without the file's bytes")
+            video = {"type": "video", "data": bytes(data)}
+            if item.get("fps") is not None:  # frames sampled a second (the processor's `fps`)
+                fps = item["fps"]
+                if not isinstance(fps, (int, float)) or not 0 < fps <= 60:
+                    raise InvalidRequest(f"messages[{index}].content[{j}]: video fps must be in (0, 60], got {fps!r}")
+                video["fps"] = float(fps)
+            if item.get("audio") is not None:  # its audio track (use_audio_in_video), as an audio part's
+                video["audio"] = _audio_item(item["audio"])["audio"]
+            items.append(video)
         else:
             raise InvalidRequest(f"messages[{index}].content[{j}]: unsupported content type {kind!r}")
     return {"role": message["role"], "content": items}

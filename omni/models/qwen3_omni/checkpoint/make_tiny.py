@@ -34,7 +34,7 @@ CODEC_OFFSETS = {
 SPEAKER_OFFSETS = {"chelsie": 253, "ethan": 254, "aiden": 255}
 
 # The published layout of preprocessor_config.json, with a small pixel budget
-# (4..64 patches of 16x16 per image) so tiny tests stay fast.
+# (4..64 patches of 16x16 per image or video frame) so tiny tests stay fast.
 TINY_MARKER = "omni_tiny.json"
 
 PREPROCESSOR_CONFIG = {
@@ -55,6 +55,11 @@ PREPROCESSOR_CONFIG = {
     "max_pixels": 128 * 128,
     "image_mean": [0.5, 0.5, 0.5],
     "image_std": [0.5, 0.5, 0.5],
+    # the video processor's (omni reads these; transformers' Qwen3-Omni processor defaults to
+    # 128..768 x 32 x 32 pixels per frame and is called with fps=2): a small budget here too
+    "video_min_pixels": 32 * 32,
+    "video_max_pixels": 128 * 128,
+    "video_fps": 2.0,
     "processor_class": "Qwen3OmniMoeProcessor",
 }
 

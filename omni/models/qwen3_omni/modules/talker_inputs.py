@@ -84,6 +84,7 @@ class TalkerTokenIds:
             rope=RopeTokens(
                 int(raw.get("image_token_id", 151655)), int(raw.get("video_token_id", 151656)),
                 float(raw.get("position_id_per_seconds", 25)), int(raw.get("spatial_merge_size", 2)),
+                int(th.audio_token_id),
             ),
         )
 
@@ -231,8 +232,8 @@ class TalkerInputs:
         """Rope positions of the talker's prefill; False while vision grids are missing."""
         r = self.ids.rope
         runs = {r.image_token_id: 0, r.video_token_id: 0}
-        for i, tok in enumerate(talker_ids):
-            if tok in runs and (i == 0 or talker_ids[i - 1] != tok):
+        for i, tok in enumerate(talker_ids):  # a video interleaved with its audio is one run
+            if tok in runs and (i == 0 or talker_ids[i - 1] not in (tok, r.audio_token_id)):
                 runs[tok] += 1
         n_img, n_vid = runs[r.image_token_id], runs[r.video_token_id]
         if n_img == n_vid == 0:

@@ -71,7 +71,7 @@ def _flat(value: Any, dtype) -> np.ndarray:
     return np.asarray(value, dtype=dtype).reshape(-1)
 
 
-def _grids(value: Any, seconds: Any = None) -> list[VisionGrid]:
+def _grids(value: Any, seconds: Any = None, audio_tokens: Any = None) -> list[VisionGrid]:
     if value is None:
         return []
     rows = _flat(value, np.int64)
@@ -79,16 +79,19 @@ def _grids(value: Any, seconds: Any = None) -> list[VisionGrid]:
         raise InvalidRequest(f"grid_thw must have 3 numbers per image or video, got {rows.size}")
     rows = rows.reshape(-1, 3)
     secs = [1.0] * len(rows) if seconds is None else _flat(seconds, np.float64).tolist()
-    if len(secs) != len(rows):
-        raise InvalidRequest(f"{len(rows)} video grids but {len(secs)} seconds-per-grid values")
-    return [VisionGrid(int(t), int(h), int(w), float(s)) for (t, h, w), s in zip(rows, secs)]
+    audio = [0] * len(rows) if audio_tokens is None else _flat(audio_tokens, np.int64).tolist()
+    if len(secs) != len(rows) or len(audio) != len(rows):
+        raise InvalidRequest(f"{len(rows)} video grids but {len(secs)} seconds-per-grid values and "
+                             f"{len(audio)} audio token counts")
+    return [VisionGrid(int(t), int(h), int(w), float(s), int(a)) for (t, h, w), s, a in zip(rows, secs, audio)]
 
 
 class Qwen3OmniThinker(nn.Module, ARModel):
     """Request inputs (`AREngine.add_request(..., inputs=...)`), arrays or tensors:
     `audio_embeds` [Na, H] (every audio of the prompt, in order), `image_embeds` [Ni, H] +
     `image_grid_thw` [n, 3], `video_embeds` [Nv, H] + `video_grid_thw` [n, 3] (+
-    `video_second_per_grid` [n]), and the deepstack features `image_deepstack` [k, Ni, H] /
+    `video_second_per_grid` [n], `video_audio_tokens` [n]: each video's interleaved audio tokens),
+    and the deepstack features `image_deepstack` [k, Ni, H] /
     `video_deepstack` [k, Nv, H]. A list of arrays is concatenated on the token axis.
     """
 
@@ -105,7 +108,8 @@ class Qwen3OmniThinker(nn.Module, ARModel):
         self.section = tuple(text.mrope_section) or DEFAULT_MROPE_SECTION
         self.inv_freq = rope_inv_freq(text.head_dim, text.rope_theta)  # float32 always; not a buffer
         self.rope_tokens = RopeTokens(
-            cfg.image_token_id, cfg.video_token_id, cfg.position_id_per_seconds, cfg.vision.spatial_merge_size
+            cfg.image_token_id, cfg.video_token_id, cfg.position_id_per_seconds, cfg.vision.spatial_merge_size,
+            cfg.audio_token_id,
         )
         self.num_deepstack = len(cfg.vision.deepstack_visual_indexes)
         self.to(dtype)
@@ -218,7 +222,7 @@ class Qwen3OmniThinker(nn.Module, ARModel):
     # ---- per-request inputs ----------------------------------------------------------
     def prepare(self, seq: Sequence, inputs: dict[str, Any]) -> None:
         known = {"audio_embeds", "audio_keys", "image_embeds", "image_grid_thw", "video_embeds", "video_grid_thw",
-                 "video_second_per_grid", "image_deepstack", "video_deepstack"}
+                 "video_second_per_grid", "video_audio_tokens", "image_deepstack", "video_deepstack"}
         unknown = set(inputs) - known
         if unknown:
             raise InvalidRequest(f"thinker: unknown inputs {sorted(unknown)}")
@@ -248,7 +252,8 @@ class Qwen3OmniThinker(nn.Module, ARModel):
             if all(k is not None and k.shape == (e.shape[0], 16) for k, e in zip(merged_keys, merged_emb)):
                 state["mm_keys"] = torch.cat(merged_keys)[order]  # rows keyed by their inputs (see prefix_key)
         images = _grids(inputs.get("image_grid_thw"))
-        videos = _grids(inputs.get("video_grid_thw"), inputs.get("video_second_per_grid"))
+        videos = _grids(inputs.get("video_grid_thw"), inputs.get("video_second_per_grid"),
+                        inputs.get("video_audio_tokens"))
         if images or videos:
             state["mrope"], state["mrope_delta"] = rope_index(prompt, self.rope_tokens, images, videos)
         self._prepare_deepstack(state, ids, inputs)

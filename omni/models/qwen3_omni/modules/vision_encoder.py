@@ -161,7 +161,9 @@ class ImagePatchesEncoder:
     """`BatchEncoder` for the encoder stage. Item: {"pixels": [t*h*w, C*T*P*P] float32,
     "grid_thw": [t, h, w]}. Output, in the thinker's keys: {"image_embeds": [tokens, out_hidden],
     "image_deepstack": [deepstack layers, tokens, out_hidden], "image_grid_thw": [1, 3]}.
-    Images attend only to themselves: any batch works."""
+    A video's item adds {"kind": "video", "second_per_grid": float, "audio_tokens": int} and its
+    output has the `video_` keys, with `video_second_per_grid` [1] and `video_audio_tokens` [1]
+    (the thinker's M-RoPE needs both). Images and frames attend only to themselves: any batch works."""
 
     def __init__(self, model: VisionEncoder):
         self.model = model
@@ -182,7 +184,16 @@ class ImagePatchesEncoder:
         pixels = [torch.as_tensor(np.asarray(it["pixels"], dtype=np.float32), device=device) for it in items]
         grids = [tuple(int(v) for v in np.asarray(it["grid_thw"]).reshape(3)) for it in items]
         outs = self.model(pixels, grids)
-        return [{"image_embeds": o.embeds,
-                 "image_deepstack": torch.stack(o.deepstack) if o.deepstack else o.embeds.new_zeros(0, *o.embeds.shape),
-                 "image_grid_thw": np.asarray([grid], dtype=np.int64)} for o, grid in zip(outs, grids)]
+        return [_output(o, grid, it) for o, grid, it in zip(outs, grids, items)]
+
+
+def _output(o: VisionOutput, grid: tuple[int, int, int], item: dict) -> dict:
+    kind = "video" if item.get("kind") == "video" else "image"
+    out = {f"{kind}_embeds": o.embeds,
+           f"{kind}_deepstack": torch.stack(o.deepstack) if o.deepstack else o.embeds.new_zeros(0, *o.embeds.shape),
+           f"{kind}_grid_thw": np.asarray([grid], dtype=np.int64)}
+    if kind == "video":
+        out["video_second_per_grid"] = np.asarray([float(item.get("second_per_grid", 1.0))], dtype=np.float64)
+        out["video_audio_tokens"] = np.asarray([int(item.get("audio_tokens", 0))], dtype=np.int64)
+    return out
 

@@ -7,12 +7,19 @@ expanded to as many tokens as the encoders will output (audio: the conv stack's 
 16 kHz), each clip on its own (`clip_features`): a clip's features, and so its encoder rows and
 the thinker's prefix-cache keys, do not depend on what else the request holds, so a conversation's
 next turn reuses them. Images are patchified by `image_patches`.
+
+Videos (`{"type": "video", "data": file bytes, "audio": {"pcm", "sample_rate"} | absent, "fps": frames
+a second | absent}`) are decoded by `omni.models.video_frames` with this family's frame rule and patchified by
+`video_patches`; a `<|video_pad|>` becomes t*h*w / merge^2 video tokens, or, when the video comes
+with its audio track (use_audio_in_video), `<|audio_start|>` + video and audio tokens interleaved
+in time order + `<|audio_end|>`, as transformers' processor writes it (the track is one more audio
+clip, in prompt order, through the audio encoder).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +30,16 @@ from omni.models.chat_template import content_format, render_messages
 from omni.layers.prompt_splice import splice, with_sentinels
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.stages.clip_features import ClipFeatures
-from omni.models.qwen3_omni.modules.image_patches import ImagePatchConfig, ImagePatches, image_to_patches
+from omni.models.qwen3_omni.modules.image_patches import ImagePatchConfig, ImagePatches, image_to_patches, smart_resize
+from omni.models.qwen3_omni.modules.video_patches import (DEFAULT_FPS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS,
+                                                          QwenFrameRule, VideoPatchConfig, VideoPatches,
+                                                          video_to_patches)
 
 SAMPLE_RATE = 16000
 AUDIO_TYPES = ("audio", "input_audio")
 IMAGE_TYPES = ("image", "image_url")
+VIDEO_TYPES = ("video", "video_url")
+PROCESSOR_POSITIONS_PER_SECOND = 13.0  # Qwen3OmniMoeProcessor's, for the order of interleaved tokens
 
 
 def audio_token_count(num_frames: int, n_window: int = 50) -> int:
@@ -50,6 +62,9 @@ class ThinkerInputs:
     images: list[ImagePatches] = field(default_factory=list)
     audio_token_counts: list[int] = field(default_factory=list)
     image_token_counts: list[int] = field(default_factory=list)
+    videos: list[VideoPatches] = field(default_factory=list)
+    video_audio: list[int | None] = field(default_factory=list)  # each video's clip in audio_features
+    audio_slots: list[int] = field(default_factory=list)  # standalone audios' clips, in prompt order
 
     @property
     def audio_feature_lengths(self) -> np.ndarray:
@@ -82,6 +97,10 @@ class Preprocessor:
         self.audio_token_id = cfg.thinker.audio_token_id
         self.image_token_id = cfg.thinker.image_token_id
         self.video_token_id = cfg.thinker.video_token_id
+        self.audio_start_id = cfg.thinker.audio_start_token_id
+        self.audio_end_id = self.tokenizer.convert_tokens_to_ids(
+            str(getattr(self.tokenizer, "audio_eos_token", None) or "<|audio_end|>"))
+        self.positions_per_second = float(extra.get("position_id_per_seconds", PROCESSOR_POSITIONS_PER_SECOND))
         self.feature_extractor = WhisperFeatureExtractor(
             feature_size=cfg.thinker.audio.num_mel_bins, sampling_rate=SAMPLE_RATE,
             **{k: extra[k] for k in ("hop_length", "n_fft", "chunk_length", "dither") if k in extra},
@@ -97,21 +116,29 @@ class Preprocessor:
             image_mean=tuple(extra.get("image_mean", (0.5, 0.5, 0.5))),
             image_std=tuple(extra.get("image_std", (0.5, 0.5, 0.5))),
         )
+        self.video_cfg = _video_config(self.image_cfg, extra)
+        self.frame_rule = QwenFrameRule(self.video_cfg)
+        self.max_video_tokens = 0  # the thinker's context (PreprocessStage sets it): checked before decoding
 
     def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> ThinkerInputs:
         messages, answers = with_sentinels(messages)  # earlier answers keep the ids generated
         if any(t >= self.vocab_size for ids in answers for t in ids):
             raise InvalidRequest(f"an assistant message's token_ids must be below the vocabulary size {self.vocab_size}")
-        template_messages, audios, images = self._split_media(messages)
+        template_messages, audios, images, videos = self._split_media(messages)
         template_messages = render_messages(template_messages, self.content_format, self.placeholders)
         text = self.tokenizer.apply_chat_template(
             template_messages, tokenize=False, add_generation_prompt=add_generation_prompt)
         ids = splice(text, answers, self._tokenize, self.special_ids)
-        features = self.audio_features(audios)
+        clips = audios  # (the video it is the track of, or None; 16 kHz pcm), in prompt order
+        features = self.audio_features([a for _, a in clips])
         patches = [image_to_patches(im, self.image_cfg) for im in images]
         out = ThinkerInputs(np.zeros(0, dtype=np.int64), features, patches)
         out.audio_token_counts = [audio_token_count(f.shape[1], self.n_window) for f in features]
         out.image_token_counts = [p.num_tokens(self.image_cfg.merge_size) for p in patches]
+        out.audio_slots = [i for i, (owner, _) in enumerate(clips) if owner is None]
+        out.video_audio = [next((i for i, (owner, _) in enumerate(clips) if owner == v), None)
+                           for v in range(len(videos))]
+        out.videos = [self.video_patches(v, fps) for v, fps in videos]
         out.input_ids = self._expand(ids, out)
         return out
 
@@ -135,31 +162,79 @@ class Preprocessor:
         """[128, frames] log-mels per audio (16 kHz mono float32 in), each as if it came alone."""
         return [self.clip_features(a) for a in audios]
 
+    def video_patches(self, video: bytes, fps: float | None = None) -> VideoPatches:
+        """A video file's sampled frames as patches (an undecodable file is an InvalidRequest, and so
+        is one whose tokens, counted before its frames are decoded, pass `max_video_tokens`); `fps`:
+        the request's sampling rate instead of the checkpoint's (the processor's `fps` kwarg)."""
+        from omni.models.video_frames import VideoDecodeError, decode
+
+        try:
+            cfg = self.video_cfg if fps is None else replace(self.video_cfg, fps=float(fps))
+            rule = self.frame_rule if fps is None else QwenFrameRule(cfg)
+            clip = decode(bytes(video), rule, self._check_tokens if self.max_video_tokens else None)
+        except VideoDecodeError as exc:
+            raise InvalidRequest(f"cannot decode video: {exc}") from None
+        return video_to_patches(clip.frames, cfg)
+
+    def _check_tokens(self, frames: int, height: int, width: int) -> None:
+        cfg = self.video_cfg
+        if not height or not width:
+            return  # the container does not say: the prompt's length bound holds after decoding
+        h, w = smart_resize(height, width, cfg.patch_size * cfg.merge_size, cfg.min_pixels, cfg.max_pixels)
+        grids = -(-frames // cfg.temporal_patch_size)
+        tokens = grids * (h // cfg.patch_size) * (w // cfg.patch_size) // cfg.merge_size**2
+        if tokens > self.max_video_tokens:
+            raise InvalidRequest(f"the video makes {tokens} tokens ({frames} frames at {w}x{h}); the model's "
+                                 f"context is {self.max_video_tokens} tokens")
+
     def _expand(self, ids: list[int], out: ThinkerInputs) -> np.ndarray:
-        if ids.count(self.video_token_id):
-            raise InvalidRequest("video input is not supported")
-        for token, counts, what in ((self.audio_token_id, out.audio_token_counts, "audio"),
-                                    (self.image_token_id, out.image_token_counts, "image")):
+        audio_counts = [out.audio_token_counts[i] for i in out.audio_slots]  # the video's clips are not in the text
+        for token, counts, what in ((self.audio_token_id, audio_counts, "audio"),
+                                    (self.image_token_id, out.image_token_counts, "image"),
+                                    (self.video_token_id, out.videos, "video")):
             if ids.count(token) != len(counts):
                 raise InvalidRequest(f"the prompt has {ids.count(token)} {what} placeholders for {len(counts)} inputs")
         expanded: list[int] = []
-        audio_i = image_i = 0
+        audio_i = image_i = video_i = 0
         for tok in ids:
             if tok == self.audio_token_id:
-                expanded += [tok] * out.audio_token_counts[audio_i]
+                expanded += [tok] * audio_counts[audio_i]
                 audio_i += 1
             elif tok == self.image_token_id:
                 expanded += [tok] * out.image_token_counts[image_i]
                 image_i += 1
+            elif tok == self.video_token_id:
+                expanded += self._video_tokens(out, video_i)
+                video_i += 1
             else:
                 expanded.append(tok)
         return np.asarray(expanded, dtype=np.int64)
+
+    def _video_tokens(self, out: ThinkerInputs, v: int) -> list[int]:
+        """One video's placeholder, alone or interleaved with its audio (`replace_video_with_audio_token`)."""
+        video, clip = out.videos[v], out.video_audio[v]
+        n_video = video.num_tokens(self.video_cfg.merge_size)
+        if clip is None:
+            return [self.video_token_id] * n_video
+        t, h, w = video.grid_thw
+        merge = self.video_cfg.merge_size
+        times = np.repeat(np.arange(t), (h // merge) * (w // merge)) * video.second_per_grid * self.positions_per_second
+        n_audio, tokens, vi, ai = out.audio_token_counts[clip], [self.audio_start_id], 0, 0
+        while vi < n_video and ai < n_audio:
+            if times[vi] <= ai:
+                tokens.append(self.video_token_id)
+                vi += 1
+            else:
+                tokens.append(self.audio_token_id)
+                ai += 1
+        tokens += [self.video_token_id] * (n_video - vi) + [self.audio_token_id] * (n_audio - ai)
+        return tokens + [self.audio_end_id]
 
     def _split_media(self, messages):
         """Messages for the template (media replaced by typed stubs) and the media in order."""
         if not isinstance(messages, list) or not messages:
             raise InvalidRequest("messages must be a non-empty list")
-        audios, images, stripped = [], [], []
+        audios, images, videos, stripped = [], [], [], []
         for message in messages:
             if not isinstance(message, dict) or "role" not in message:
                 raise InvalidRequest("each message needs a role")
@@ -173,8 +248,16 @@ class Preprocessor:
                 if kind == "text":
                     items.append({"type": "text", "text": item.get("text", "")})
                 elif kind in AUDIO_TYPES:
-                    audios.append(_audio_pcm(item.get("audio", item.get(kind))))
+                    audios.append((None, _audio_pcm(item.get("audio", item.get(kind)))))
                     items.append({"type": "audio", "audio": "<audio>"})
+                elif kind in VIDEO_TYPES:
+                    video = item.get("data", item.get(kind))
+                    if not isinstance(video, (bytes, bytearray, memoryview)):
+                        raise InvalidRequest("video item without the file's bytes")
+                    if item.get("audio") is not None:  # its audio track (use_audio_in_video)
+                        audios.append((len(videos), _audio_pcm(item["audio"])))
+                    videos.append((video, item.get("fps")))
+                    items.append({"type": "video", "video": "<video>"})
                 elif kind in IMAGE_TYPES:
                     image = item.get("image", item.get(kind))
                     if image is None:
@@ -184,7 +267,7 @@ class Preprocessor:
                 else:
                     raise InvalidRequest(f"unsupported content type {kind!r}")
             stripped.append({"role": message["role"], "content": items})
-        return stripped, audios, images
+        return stripped, audios, images, videos
 
 
 def _placeholders(tokenizer) -> dict[str, str]:
@@ -195,6 +278,8 @@ def _placeholders(tokenizer) -> dict[str, str]:
     return {"audio": token("audio_bos_token", "<|audio_start|>") + token("audio_token", "<|audio_pad|>")
             + token("audio_eos_token", "<|audio_end|>"),
             "image": token("vision_bos_token", "<|vision_start|>") + token("image_token", "<|image_pad|>")
+            + token("vision_eos_token", "<|vision_end|>"),
+            "video": token("vision_bos_token", "<|vision_start|>") + token("video_token", "<|video_pad|>")
             + token("vision_eos_token", "<|vision_end|>")}
 
 
@@ -230,6 +315,17 @@ def resample(pcm: np.ndarray, rate: int, target: int) -> np.ndarray:
     else:
         spectrum = np.concatenate([spectrum, np.zeros(keep - len(spectrum), dtype=spectrum.dtype)])
     return (np.fft.irfft(spectrum, n=n_out) * (n_out / len(pcm))).astype(np.float32)
+
+
+def _video_config(image: ImagePatchConfig, extra: dict[str, Any]) -> VideoPatchConfig:
+    """The video processor's settings: the checkpoint's `video_*` keys (else the processor's defaults)."""
+    return VideoPatchConfig(
+        patch_size=image.patch_size, merge_size=image.merge_size, temporal_patch_size=image.temporal_patch_size,
+        min_pixels=int(extra.get("video_min_pixels", VIDEO_MIN_PIXELS)),
+        max_pixels=int(extra.get("video_max_pixels", VIDEO_MAX_PIXELS)),
+        image_mean=image.image_mean, image_std=image.image_std,
+        fps=float(extra.get("video_fps", DEFAULT_FPS)),
+        min_frames=int(extra.get("video_min_frames", 4)), max_frames=int(extra.get("video_max_frames", 768)))
 
 
 def _read_preprocessor_config(ckpt_dir: str | Path) -> dict[str, Any]:

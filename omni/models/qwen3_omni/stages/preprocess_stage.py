@@ -10,8 +10,10 @@ image patches) on the compute thread. Per request it emits, in this order:
   came alone, so its rows are the same in every request that holds it, see clip_features.py; a
   window is encoded on its own, see `window_spans`, so the encoder's cache can hold a clip's windows
   before the clip has ended);
-- port `image`: one chunk per input image {"pixels": [patches, C*T*P*P] float32, "grid_thw": [3]};
-- port `grids`: {"image_grid_thw": [n, 3]} when the prompt has images (the talker's M-RoPE needs them);
+- port `image`: one chunk per input image {"pixels": [patches, C*T*P*P] float32, "grid_thw": [3]},
+  then one per video, the same plus {"kind": "video", "second_per_grid", "audio_tokens"};
+- port `grids`: {"image_grid_thw": [n, 3]} and/or {"video_grid_thw": [n, 3], "video_second_per_grid": [n],
+  "video_audio_tokens": [n]} when the prompt has images or videos (the talker's M-RoPE needs them);
 - port `prompt`: {"token_ids": int64 [n]} (placeholders expanded), and the request ends here.
 
 The encode task (request.py `ENCODE`, a clip still being spoken) sends only the windows whose every
@@ -62,6 +64,7 @@ class PreprocessStage(Stage):
 
         pin_torch_threads(self.ctx.args.threads)
         self.pre = Preprocessor(self.ctx.args.model_dir)
+        self.pre.max_video_tokens = self.max_prompt_tokens  # a video too long is refused before it is decoded
         self.pre([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])  # the template compiles once, here
 
     # ---- requests -------------------------------------------------------------------
@@ -124,8 +127,13 @@ class PreprocessStage(Stage):
         for image in inputs.images:
             emits.append(Emit(rid, "image", {"pixels": image.pixels,
                                              "grid_thw": np.asarray(image.grid_thw, dtype=np.int64)}))
-        if inputs.images:
-            emits.append(Emit(rid, "grids", {"image_grid_thw": inputs.image_grid_thw}))
+        for video, clip in zip(inputs.videos, inputs.video_audio):
+            audio_tokens = 0 if clip is None else inputs.audio_token_counts[clip]
+            emits.append(Emit(rid, "image", {"pixels": video.pixels, "grid_thw": np.asarray(video.grid_thw, np.int64),
+                                             "kind": "video", "second_per_grid": video.second_per_grid,
+                                             "audio_tokens": audio_tokens}))
+        if inputs.images or inputs.videos:
+            emits.append(Emit(rid, "grids", _grids(inputs)))
         emits.append(Emit(rid, "prompt", {"token_ids": inputs.input_ids}, finish=True))
         return emits
 
@@ -153,6 +161,16 @@ class PreprocessStage(Stage):
 
     def stats(self) -> dict[str, Any]:
         return {"open": len(self.requests), "ready": self.backlog(), "processed": self.processed}
+
+
+def _grids(inputs) -> dict[str, np.ndarray]:
+    out = {"image_grid_thw": inputs.image_grid_thw} if inputs.images else {}
+    if inputs.videos:
+        out["video_grid_thw"] = np.array([v.grid_thw for v in inputs.videos], dtype=np.int64).reshape(-1, 3)
+        out["video_second_per_grid"] = np.array([v.second_per_grid for v in inputs.videos], dtype=np.float64)
+        out["video_audio_tokens"] = np.array([0 if c is None else inputs.audio_token_counts[c]
+                                              for c in inputs.video_audio], dtype=np.int64)
+    return out
 
 
 def _pcm16k(audio: dict[str, Any]) -> np.ndarray:

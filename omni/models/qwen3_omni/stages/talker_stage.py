@@ -43,15 +43,16 @@ GRID_KEYS = {"image_grid_thw", "video_grid_thw"}
 THINKER_KEYS = {"embed", "layer_0"}
 
 
-def _grids(value: Any, seconds: Any = None) -> list[VisionGrid]:
-    """[n, 3] (t, h, w) rows (+ seconds per temporal step for videos) -> grids."""
+def _grids(value: Any, seconds: Any = None, audio_tokens: Any = None) -> list[VisionGrid]:
+    """[n, 3] (t, h, w) rows (+ seconds per temporal step and interleaved audio tokens for videos) -> grids."""
     if value is None:
         return []
     rows = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value, dtype=np.int64).reshape(-1, 3)
     secs = [1.0] * len(rows) if seconds is None else [float(x) for x in np.asarray(seconds, dtype=np.float64).ravel()]
-    if len(secs) != len(rows):
+    audio = [0] * len(rows) if audio_tokens is None else [int(x) for x in np.asarray(audio_tokens).ravel()]
+    if len(secs) != len(rows) or len(audio) != len(rows):
         raise InvalidRequest(f"{len(rows)} video grids but {len(secs)} seconds-per-grid values")
-    return [VisionGrid(int(t), int(h), int(w), s) for (t, h, w), s in zip(rows, secs)]
+    return [VisionGrid(int(t), int(h), int(w), s, a) for (t, h, w), s, a in zip(rows, secs, audio)]
 
 
 def _tensor(value: Any) -> torch.Tensor:
@@ -120,7 +121,8 @@ class TalkerStage(CodecLMStage):
         inputs = stream.request.inputs
         if GRID_KEYS & data.keys():
             inputs.add_grids(_grids(data.get("image_grid_thw")),
-                             _grids(data.get("video_grid_thw"), data.get("video_second_per_grid")))
+                             _grids(data.get("video_grid_thw"), data.get("video_second_per_grid"),
+                                    data.get("video_audio_tokens")))
             if not THINKER_KEYS & data.keys():
                 self._maybe_submit(rid, stream)
                 return
