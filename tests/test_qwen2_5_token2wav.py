@@ -158,3 +158,17 @@ def test_the_stage_kind_builds_from_a_checkpoint(tmp_path):
     stage.setup()
     pcm = _run(stage, {"a": np.arange(9)}, {"a": {"seed": 1, "speaker": "Ethan"}})["a"]
     assert pcm.shape == (9 * 4 * stage.model.code2wav_bigvgan_model.hop,) and np.isfinite(pcm).all()
+
+
+def test_a_seed_in_the_typed_sampling_the_bus_carries_is_the_seed(pair):
+    """On the bus a request's per-stage sampling is a typed `Sampling` (omni/sampling.py), not a dict:
+    its seed draws the same noise as the dict form a stage driven in-process gets."""
+    from omni.sampling import Sampling
+
+    model = pair[0]
+    codes = np.arange(12) % (model.codebook_size - 1)
+    typed = _run(_stage(model, num_steps=3), {"a": codes}, {"a": {"sampling": {"token2wav": Sampling(seed=7)}}})["a"]
+    plain = _run(_stage(model, num_steps=3), {"a": codes}, {"a": {"sampling": {"token2wav": {"seed": 7}}}})["a"]
+    other = _run(_stage(model, num_steps=3), {"a": codes}, {"a": {"sampling": {"token2wav": Sampling(seed=8)}}})["a"]
+    np.testing.assert_array_equal(typed, plain)
+    assert not np.array_equal(typed, other)

@@ -23,6 +23,7 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
+from omni.sampling import Sampling
 from omni.stages.args import DiffusionArgs, coerce_args
 from omni.stages.diffusion_windows import Chunking, Window
 from omni.stages.ode import Solver, make_solver, time_grid
@@ -146,8 +147,10 @@ class DiffusionStage(Stage):
         if not hasattr(self, "chunking"):
             self._ready()
         ode = {k: getattr(self.ctx.args, k) for k in ODE_FIELDS}
-        ode.update({k: v for k, v in ((params.get("sampling") or {}).get(self.ctx.name) or {}).items()
-                    if k in ODE_FIELDS + ("seed",)})
+        given = (params.get("sampling") or {}).get(self.ctx.name) or {}
+        if isinstance(given, Sampling):  # as the bus carries it: OpenAI's fields (of which the seed applies here)
+            given = given.given()
+        ode.update({k: v for k, v in given.items() if k in ODE_FIELDS + ("seed",)})
         seed = ode.pop("seed", params.get("seed"))
         if int(ode["num_steps"]) < 2:
             raise InvalidRequest(f"num_steps must be >= 2, got {ode['num_steps']}")
