@@ -20,6 +20,7 @@ from torch import nn
 from omni.kernel.errors import InvalidRequest
 from omni.layers.mlp import MLP
 from omni.layers.rotary import apply_rope, cos_sin, rope_inv_freq
+from omni.layers.image_patches import block_order_rows_cols
 from omni.models.qwen3_omni.config import VisionEncoderConfig, load_config
 from omni.models.weights import load_module
 from omni.layers.attention import sdpa
@@ -31,13 +32,6 @@ PREFIX = "thinker.visual"
 class VisionOutput:
     embeds: torch.Tensor  # [tokens, out_hidden_size] for one image
     deepstack: list[torch.Tensor]  # one [tokens, out_hidden_size] per deepstack layer
-
-
-def block_order_rows_cols(h: int, w: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, col) of every patch of an h x w grid, listed block by block (merge x merge)."""
-    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    shape = (h // merge, merge, w // merge, merge)
-    return rows.reshape(shape).transpose(1, 2).flatten(), cols.reshape(shape).transpose(1, 2).flatten()
 
 
 def vision_inv_freq(cfg: VisionEncoderConfig, device=None) -> torch.Tensor:

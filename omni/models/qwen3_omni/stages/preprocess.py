@@ -23,7 +23,7 @@ from omni.models.chat_template import content_format, render_messages
 from omni.layers.prompt_splice import splice, with_sentinels
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.stages.clip_features import ClipFeatures
-from omni.models.qwen3_omni.modules.image_patches import ImagePatchConfig, ImagePatches, image_to_patches
+from omni.layers.image_patches import ImagePatchConfig, ImagePatches, image_to_patches
 
 SAMPLE_RATE = 16000
 AUDIO_TYPES = ("audio", "input_audio")
