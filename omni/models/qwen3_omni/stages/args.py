@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from omni.stages.ar.args import ARArgs
 from omni.layers.fp8_format import METHODS as QUANTIZATIONS
-from omni.stages.args import EncoderArgs, LayerArgs, StageArgs, VocoderArgs, WeightArgs
+from omni.models.omni_args import PreprocessArgs
+from omni.stages.args import EncoderArgs, LayerArgs, VocoderArgs, WeightArgs
 from omni.stages.codec_lm.args import CodecLMArgs
-
-
-@dataclass
-class PreprocessArgs(StageArgs):
-    """stages/preprocess_stage.py: chat template, tokenizer, media features."""
-
-    model_dir: str = ""  # the checkpoint directory (tokenizer, processor config)
-    voices: list[str] = field(default_factory=list)  # the talker's speakers; empty: the graph makes no audio
-    max_batch: int = 8  # requests prepared per step
-    max_prompt_tokens: int = 0  # the thinker's context: longer prompts are refused up front; 0 = unbounded
 
 
 @dataclass
@@ -58,3 +49,6 @@ class TalkerArgs(CodecLMArgs):
 def _check_quantization(value: str) -> None:
     if value and value not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS} or '', got {value!r}")
+
+
+__all__ = ["Code2WavArgs", "EncoderPartArgs", "PreprocessArgs", "TalkerArgs", "ThinkerArgs"]
