@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from omni.models.omni_args import EncoderPartArgs, PreprocessArgs, ThinkerArgs
 from omni.stages.args import DiffusionArgs, WeightArgs
+
+__all__ = ["EncoderPartArgs", "PreprocessArgs", "ThinkerArgs", "Token2WavArgs"]
 
 
 @dataclass

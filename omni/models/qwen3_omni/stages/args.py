@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from omni.stages.ar.args import ARArgs
 from omni.layers.fp8_format import METHODS as QUANTIZATIONS
-from omni.models.omni_args import PreprocessArgs
-from omni.stages.args import EncoderArgs, LayerArgs, VocoderArgs, WeightArgs
+from omni.models.omni_args import EncoderPartArgs, PreprocessArgs
+from omni.models.omni_args import ThinkerArgs as OmniThinkerArgs
+from omni.stages.args import VocoderArgs, WeightArgs
 from omni.stages.codec_lm.args import CodecLMArgs
-
-
-@dataclass
-class EncoderPartArgs(WeightArgs, EncoderArgs):
-    """stages/encoders.py: the audio or the vision tower under the generic encoder stage."""
 
 
 @dataclass
@@ -23,10 +17,9 @@ class Code2WavArgs(WeightArgs, VocoderArgs):
 
 
 @dataclass
-class ThinkerArgs(WeightArgs, LayerArgs, ARArgs):
-    """stages/thinker_stage.py; eos_token_ids / tap_layers left empty come from the checkpoint."""
+class ThinkerArgs(OmniThinkerArgs):
+    """stages/thinker_stage.py; `model`: a built Qwen3OmniThinker (in-process)."""
 
-    model: Any = None  # in-process only: a built Qwen3OmniThinker instead of model_dir
     sglang_export_dir: str = ""  # where backend "sglang" exports the text model; "" = the cache dir
     quantization: str = ""  # "fp8": quantize a bf16 checkpoint at load (omni/layers/fp8.py); "" = the checkpoint's
 
