@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from unittest import mock
 
+import numpy as np
+
 from qwen3_fixtures import IM_END, Oracle, Reference
 
 
@@ -18,12 +20,23 @@ class Oracle25(Oracle):
         self.tokenizer = AutoTokenizer.from_pretrained(str(ckpt_dir))
         self.processor = _hf_processor(self.tokenizer)
         self.codes: list = []
-        t2w, forward = self.hf.token2wav, self.hf.token2wav.forward
-        t2w.forward = lambda code, **kw: (self.codes.append(code.clone()), forward(code, **kw))[1]
+        # token2wav's own parity is tests/test_qwen2_5_token2wav.py: here only the codes it is handed count,
+        # and a silent waveform of its length stands in (the DiT's ODE on the CPU is most of a spoken answer)
+        dit, hop = self.hf.config.token2wav_config.dit_config, np.prod(self.hf.config.token2wav_config.bigvgan_config.upsample_rates)
+        self.hf.token2wav.forward = lambda code, **kw: (self.codes.append(code.clone()),
+                                                        torch.zeros(code.shape[1] * dit.repeats * int(hop)))[1]
+
+    def inputs(self, messages) -> dict:
+        """As Qwen3-Omni's oracle, with the attention mask the processor gives (transformers' Qwen2.5-Omni
+        talker adds its codec pad / bos rows and positions only when `generate` has one)."""
+        out = super().inputs(messages)
+        out["attention_mask"] = self.torch.ones_like(out["input_ids"])
+        return out
 
     def generate(self, messages, voice: str = "Chelsie", thinker_tokens: int = 12, talker_tokens: int = 40,
-                 audio: bool = False) -> Reference:
-        """Greedy thinker tokens (and with `audio`, the talker's greedy codes and transformers' waveform)."""
+                 audio: bool = False, penalty: float = 1.0) -> Reference:
+        """Greedy thinker tokens (and with `audio`, the talker's greedy codes, under repetition `penalty`,
+        and transformers' waveform)."""
         torch = self.torch
         inputs = self.inputs(messages)
         prompt_len = inputs["input_ids"].shape[1]
@@ -34,11 +47,13 @@ class Oracle25(Oracle):
                                                eos_token_id=IM_END)
                 tokens = out[0, prompt_len:].tolist()
                 return Reference(tokens, self.tokenizer.decode(tokens, skip_special_tokens=True), None, None)
+            tk = self.hf.config.talker_config
             torch.manual_seed(0)
             seqs, wav = self.hf.generate(**inputs, speaker=voice, thinker_max_new_tokens=thinker_tokens,
                                          thinker_eos_token_id=IM_END, thinker_do_sample=False,
                                          talker_max_new_tokens=talker_tokens, talker_do_sample=False,
-                                         talker_repetition_penalty=1.0)
+                                         talker_repetition_penalty=penalty,
+                                         talker_eos_token_id=[tk.tts_codec_pad_token_id, tk.tts_codec_end_token_id])
         tokens = seqs[0, prompt_len:].tolist()
         codes = self.codes[0][0].numpy() if self.codes else None
         return Reference(tokens, self.tokenizer.decode(tokens, skip_special_tokens=True), codes,

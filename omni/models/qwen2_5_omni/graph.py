@@ -33,7 +33,6 @@ TINY_MAX_TOKENS = {"thinker": 64, "talker": 256}
 _LOADS = {"thinker": 8.0, "talker": 2.0, "token2wav": 2.0, "audio_encoder": 0.5, "vision_encoder": 0.5}
 _KINDS = {name: f"{FAMILY}.{name}" for name in
           ("preprocess", "audio_encoder", "vision_encoder", "thinker", "talker", "token2wav")}
-SPEECH = False  # the talker stage kind is registered (stages/__init__.py): the speech variant is served
 
 
 def voices_of(model_dir: str | Path) -> list[str]:
@@ -50,7 +49,7 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         raise GraphError("the qwen2.5-omni family needs a checkpoint directory")
     model_dir = str(Path(model_dir).resolve())
     cfg = load_omni_config(model_dir)
-    can_speak = SPEECH and cfg.talker is not None and bool(voices_of(model_dir))
+    can_speak = cfg.talker is not None and bool(voices_of(model_dir))
     variant = variant or ("speech" if can_speak else "text")
     if variant not in VARIANTS:
         raise GraphError(f"unknown variant {variant!r} of {FAMILY}; variants: {', '.join(VARIANTS)}")
