@@ -57,6 +57,7 @@ class TinyPreset:
     talker_mrope_section: tuple[int, int, int]
     codebook: int  # token2wav's num_embeds (make_tiny's TOKEN2WAV_PRESETS)
     init_range: float = 0.3
+    talker_head_dim: int = 0  # 0: talker_hidden // talker_heads
 
 
 PRESETS = {
@@ -99,7 +100,7 @@ def _mm_ids(ids: dict[str, int]) -> dict[str, int]:
 def config_dict(p: TinyPreset, token2wav: dict, vocab: int, ids: dict[str, int]) -> dict:
     """The `Qwen2_5OmniConfig` arguments of a preset (plain dicts)."""
     head = p.thinker_hidden // p.thinker_heads
-    talker_head = p.talker_hidden // p.talker_heads
+    talker_head = p.talker_head_dim or p.talker_hidden // p.talker_heads
     if sum(p.mrope_section) * 2 != head or sum(p.talker_mrope_section) * 2 != talker_head:
         raise ValueError("mrope_section must sum to head_dim / 2")
     rope = {"rope_type": "default", "rope_theta": 1_000_000.0}
@@ -143,13 +144,15 @@ def build_config(p: TinyPreset, token2wav):
     return Qwen2_5OmniConfig(**kwargs)
 
 
-# the published Qwen2.5-Omni-7B sizes (thinker: Qwen2.5-7B; vision: Qwen2.5-VL's; talker; token2wav:
-# the reference's class defaults)
+# the Qwen2.5-Omni-7B sizes: the thinker is Qwen2.5-7B's, the vision and audio towers Qwen2.5-VL's and
+# Whisper-large's widths, token2wav the reference's class defaults; the talker's are the best known here
+# (hidden 896, 24 layers, 12 heads / 4 KV of 64): a benchmark shape, not a published config read back
 FULL_SIZES = TinyPreset(thinker_layers=28, thinker_hidden=3584, thinker_heads=28, thinker_kv_heads=4,
                         mrope_section=(16, 24, 24), tied=False, audio_layers=32, audio_d_model=1280, audio_heads=20,
                         n_window=100, vision_depth=32, vision_hidden=1280, vision_heads=16, window_size=112,
                         fullatt_blocks=(7, 15, 23, 31), talker_layers=24, talker_hidden=896, talker_heads=12,
-                        talker_kv_heads=4, talker_mrope_section=(16, 16, 0), codebook=8192, init_range=0.02)
+                        talker_kv_heads=4, talker_mrope_section=(16, 16, 0), codebook=8192, init_range=0.02,
+                        talker_head_dim=64)
 
 
 def write_full(out: Path, seed: int) -> Path:
@@ -166,7 +169,7 @@ def write_full(out: Path, seed: int) -> Path:
     config["thinker_config"]["text_config"]["intermediate_size"] = 18944
     config["thinker_config"]["audio_config"]["encoder_ffn_dim"] = 5120
     config["thinker_config"]["vision_config"]["intermediate_size"] = 3420
-    config["talker_config"].update(intermediate_size=18944, head_dim=64, vocab_size=8448, tts_codec_pad_token_id=8292,
+    config["talker_config"].update(intermediate_size=18944, vocab_size=8448, tts_codec_pad_token_id=8292,
                                    tts_codec_start_token_id=8293, tts_codec_end_token_id=8294,
                                    tts_codec_mask_token_id=8296)
     config["model_type"] = "qwen2_5_omni"
