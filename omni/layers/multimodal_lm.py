@@ -3,7 +3,9 @@ take the encoders' rows at their placeholder tokens, and its positions are M-RoP
 
 `MultimodalPrompt` is a mixin for an `ARModel` (nn.Module first in the bases) that has `embed_tokens`,
 `dtype`, `device`, `hidden_size`, `media_tokens` ((kind, placeholder id) for audio, image and video) and
-`rope_tokens` (omni/layers/mrope_index.py). Request inputs, arrays or tensors: `<kind>_embeds` [N, H]
+`rope_tokens` (omni/layers/mrope_index.py). `ThinkerLM` adds those (and the rest of the ARModel surface,
+the decoder loop with its taps, checked weight loading) for a thinker with `cfg` (`text`: a DecoderConfig,
+the placeholder ids), `model` (`embed_tokens`, `layers`, `norm`) and `lm_head`. Request inputs, arrays or tensors: `<kind>_embeds` [N, H]
 (every item of that kind in the prompt, in order; a list of arrays is concatenated on the token axis),
 `<kind>_keys` [N, 16] uint8 (what decided each row, for the prefix cache), `image_grid_thw` /
 `video_grid_thw` [n, 3] and `video_second_per_grid` [n]. A model adds its own inputs by extending
@@ -163,3 +165,64 @@ class MultimodalPrompt:
             tail = torch.arange(max(start, n), end, dtype=torch.float32) + seq.model_state["mrope_delta"]
             parts.append(tail.expand(3, -1))
         return torch.cat(parts, dim=1)
+
+
+class ThinkerLM(MultimodalPrompt):
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def hidden_size(self) -> int:
+        return self.cfg.text.hidden_size
+
+    @property
+    def media_tokens(self) -> tuple[tuple[str, int], ...]:
+        cfg = self.cfg
+        return (("audio", cfg.audio_token_id), ("image", cfg.image_token_id), ("video", cfg.video_token_id))
+
+    def kv_cache_spec(self):
+        from omni.stages.ar.model_api import KVCacheSpec
+
+        t = self.cfg.text
+        return KVCacheSpec(t.num_layers, t.num_kv_heads, t.head_dim, self.dtype, self.lm_head.weight.shape[0])
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def decode_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch, after_layer=None):
+        """The decoder over `x` with the step's taps (transformers' `output_hidden_states` indexing: 0 the
+        input, i the output of layer i - 1, num_layers the final normed hidden); `after_layer(i, x)` may
+        change a layer's output after its tap (Qwen3-Omni's deepstack rows)."""
+        from omni.stages.ar.model_api import ForwardOutput
+
+        taps = {0: x} if 0 in batch.tap_layers else {}
+        num_layers = len(self.model.layers)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, batch)
+            if i + 1 in batch.tap_layers and i + 1 < num_layers:
+                taps[i + 1] = x
+            if after_layer is not None:
+                x = after_layer(i, x)
+        x = self.model.norm(x)
+        if num_layers in batch.tap_layers:
+            taps[num_layers] = x
+        return ForwardOutput(x, taps)
+
+    def weight_problems(self, ours: dict[str, torch.Tensor]) -> str:
+        """What keeps `ours` from loading into this module ("" when nothing does)."""
+        want = self.state_dict()
+        missing = sorted(set(want) - set(ours))
+        if missing:
+            return f"thinker weights missing: {missing[:8]}"
+        for name, tensor in ours.items():
+            if name in want and tuple(tensor.shape) != tuple(want[name].shape):
+                return f"thinker.{name}: shape {tuple(tensor.shape)} != {tuple(want[name].shape)}"
+        return ""

@@ -21,12 +21,12 @@ from torch import nn
 
 from omni.layers.decoder_layer import DecoderLayer, text_state_dict
 from omni.layers.mrope_index import RopeTokens
-from omni.layers.multimodal_lm import MultimodalPrompt
+from omni.layers.multimodal_lm import ThinkerLM
 from omni.layers.norms import RMSNorm
 from omni.layers.rotary import mrope_cos_sin, rope_inv_freq
 from omni.models.qwen2_5_omni.config import ThinkerConfig, load_omni_config
 from omni.models.weights import CheckpointError, load_state_dict
-from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput, KVCacheSpec
+from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput
 
 DEFAULT_SECTION = (16, 24, 24)  # what transformers uses when the config has no mrope_section
 
@@ -40,7 +40,7 @@ class TextModel(nn.Module):
         self.norm = RMSNorm(text.hidden_size, text.rms_norm_eps)
 
 
-class Qwen2_5OmniThinker(nn.Module, MultimodalPrompt, ARModel):
+class Qwen2_5OmniThinker(nn.Module, ThinkerLM, ARModel):
     supports_cuda_graphs = True  # decode reads no spans, no host syncs on CUDA
     decode_form = DecodeForm(embeds=False, pos_lead=(3,), pos_dtype=torch.float32)  # ids in, M-RoPE positions
 
@@ -73,53 +73,11 @@ class Qwen2_5OmniThinker(nn.Module, MultimodalPrompt, ARModel):
         ours = text_state_dict(state, self.cfg.text)
         if "lm_head.weight" not in ours and self.cfg.tie_word_embeddings:
             ours["lm_head.weight"] = ours["model.embed_tokens.weight"]
-        want = self.state_dict()
-        missing = sorted(set(want) - set(ours))
-        if missing:
-            raise CheckpointError(f"thinker weights missing: {missing[:8]}")
-        for name, tensor in ours.items():
-            if name in want and tuple(tensor.shape) != tuple(want[name].shape):
-                raise CheckpointError(f"thinker.{name}: shape {tuple(tensor.shape)} != {tuple(want[name].shape)}")
-        self.load_state_dict({k: ours[k] for k in want}, strict=True, assign=assign)
-
-    # ---- ARModel ---------------------------------------------------------------------
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def hidden_size(self) -> int:
-        return self.cfg.text.hidden_size
-
-    @property
-    def media_tokens(self) -> tuple[tuple[str, int], ...]:
-        cfg = self.cfg
-        return (("audio", cfg.audio_token_id), ("image", cfg.image_token_id), ("video", cfg.video_token_id))
-
-    def kv_cache_spec(self) -> KVCacheSpec:
-        t = self.cfg.text
-        return KVCacheSpec(t.num_layers, t.num_kv_heads, t.head_dim, self.dtype, self.lm_head.weight.shape[0])
-
-    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        if problem := self.weight_problems(ours):
+            raise CheckpointError(problem)
+        self.load_state_dict({k: ours[k] for k in self.state_dict()}, strict=True, assign=assign)
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
         x = batch.inputs_embeds if batch.inputs_embeds is not None else self.embed_tokens(batch.input_ids)
         cos, sin = mrope_cos_sin(self.inv_freq, batch.positions, self.section, x.dtype, interleaved=False)
-        taps = {0: x} if 0 in batch.tap_layers else {}
-        num_layers = len(self.model.layers)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, batch)
-            if i + 1 in batch.tap_layers and i + 1 < num_layers:
-                taps[i + 1] = x
-        x = self.model.norm(x)
-        if num_layers in batch.tap_layers:
-            taps[num_layers] = x
-        return ForwardOutput(x, taps)
+        return self.decode_layers(x, cos, sin, batch)

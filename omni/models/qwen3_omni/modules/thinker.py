@@ -31,11 +31,11 @@ from omni.layers.fp8_modules import convert_shells_, quantize_at_load_
 from omni.models.qwen3_omni.config import ThinkerConfig, load_config
 from omni.layers.norms import RMSNorm
 from omni.layers.rotary import DEFAULT_MROPE_SECTION, mrope_cos_sin, rope_inv_freq
-from omni.layers.multimodal_lm import MultimodalPrompt, as_tensor
+from omni.layers.multimodal_lm import MultimodalPrompt, ThinkerLM, as_tensor
 from omni.layers.mrope_index import RopeTokens
 from omni.models.qwen3_omni.modules.thinker_layers import DecoderLayer, text_state_dict
 from omni.models.weights import CheckpointError, load_state_dict
-from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput, KVCacheSpec
+from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput
 
 
 class TextModel(nn.Module):
@@ -47,7 +47,7 @@ class TextModel(nn.Module):
         self.norm = RMSNorm(text.hidden_size, text.rms_norm_eps)
 
 
-class Qwen3OmniThinker(nn.Module, MultimodalPrompt, ARModel):
+class Qwen3OmniThinker(nn.Module, ThinkerLM, ARModel):
     """Request inputs (`AREngine.add_request(..., inputs=...)`), arrays or tensors:
     `audio_embeds` [Na, H] (every audio of the prompt, in order), `image_embeds` [Ni, H] +
     `image_grid_thw` [n, 3], `video_embeds` [Nv, H] + `video_grid_thw` [n, 3] (+
@@ -105,34 +105,11 @@ class Qwen3OmniThinker(nn.Module, MultimodalPrompt, ARModel):
         if "lm_head.weight" not in ours and self.cfg.raw.get("text_config", {}).get("tie_word_embeddings"):
             ours["lm_head.weight"] = ours["model.embed_tokens.weight"]
         convert_shells_(self, ours)  # FP8 pairs: their linears and experts made e4m3
-        want = self.state_dict()
-        missing = sorted(set(want) - set(ours))
-        if missing:
-            raise CheckpointError(f"thinker weights missing: {missing[:8]}")
-        for name, tensor in ours.items():
-            if name in want and tuple(tensor.shape) != tuple(want[name].shape):
-                raise CheckpointError(f"thinker.{name}: shape {tuple(tensor.shape)} != {tuple(want[name].shape)}")
-        self.load_state_dict({k: ours[k] for k in want}, strict=True, assign=assign)
+        if problem := self.weight_problems(ours):
+            raise CheckpointError(problem)
+        self.load_state_dict({k: ours[k] for k in self.state_dict()}, strict=True, assign=assign)
 
-    # ---- ARModel ---------------------------------------------------------------------
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    def kv_cache_spec(self) -> KVCacheSpec:
-        t = self.cfg.text
-        return KVCacheSpec(t.num_layers, t.num_kv_heads, t.head_dim, self.dtype, self.lm_head.weight.shape[0])
-
-    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
-
+    # ---- ARModel (the rest: ThinkerLM) ----------------------------------------------
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
         return self.run_layers(self.step_inputs(batch), batch)
 
@@ -149,18 +126,10 @@ class Qwen3OmniThinker(nn.Module, MultimodalPrompt, ARModel):
         x = inputs["x"]
         cos, sin = mrope_cos_sin(self.inv_freq, inputs["positions"], self.section, x.dtype)
         rows, feats = inputs.get("deepstack_rows"), inputs.get("deepstack_feats")
-        taps = {0: x} if 0 in batch.tap_layers else {}
-        num_layers = len(self.model.layers)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, batch)
-            if i + 1 in batch.tap_layers and i + 1 < num_layers:
-                taps[i + 1] = x
-            if rows is not None and i < self.num_deepstack:
-                x = x.index_add(0, rows, feats[i].to(x.dtype))
-        x = self.model.norm(x)
-        if num_layers in batch.tap_layers:
-            taps[num_layers] = x
-        return ForwardOutput(x, taps)
+        add = None
+        if rows is not None:
+            add = lambda i, x: x.index_add(0, rows, feats[i].to(x.dtype)) if i < self.num_deepstack else x  # noqa: E731
+        return self.decode_layers(x, cos, sin, batch, add)
 
     def _deepstack_rows(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
         rows, feats = [], []
@@ -180,15 +149,6 @@ class Qwen3OmniThinker(nn.Module, MultimodalPrompt, ARModel):
     # ---- per-request inputs (the rest: MultimodalPrompt) ------------------------------
     input_keys = MultimodalPrompt.input_keys | {"image_deepstack", "video_deepstack"}
     prefix_rows = MultimodalPrompt.prefix_rows + (("deepstack_pos", "deepstack", 1),)
-
-    @property
-    def hidden_size(self) -> int:
-        return self.cfg.text.hidden_size
-
-    @property
-    def media_tokens(self) -> tuple[tuple[str, int], ...]:
-        cfg = self.cfg
-        return (("audio", cfg.audio_token_id), ("image", cfg.image_token_id), ("video", cfg.video_token_id))
 
     def prepare_extra(self, state: dict, ids: torch.Tensor, inputs: dict[str, Any]) -> None:
         pos, feats = [], []
