@@ -11,17 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni.kernel.errors import InvalidRequest
 from omni.layers.attention import sdpa
 from omni.layers.image_patches import block_order_rows_cols
 from omni.layers.mlp import GatedMLP
 from omni.layers.norms import RMSNorm
 from omni.layers.rotary import apply_rope, cos_sin, rope_inv_freq
+from omni.layers.vision_items import PatchItemsEncoder
 from omni.models.qwen2_5_omni.config import VisionEncoderConfig, load_omni_config
 from omni.models.weights import load_module
 
@@ -138,28 +137,5 @@ class VisionEncoder(nn.Module):
         return list(merged.split([t * h * w // unit for t, h, w in grids]))
 
 
-class ImagePatchesEncoder:
-    """`BatchEncoder` for the encoder stage. Item: {"pixels": [t*h*w, C*T*P*P] float32, "grid_thw": [t, h, w]}.
-    Output, in the thinker's keys: {"image_embeds": [tokens, out_hidden], "image_grid_thw": [1, 3]}.
-    Images attend only to themselves: any batch works."""
-
-    def __init__(self, model: VisionEncoder):
-        self.model = model
-
-    def batch_key(self, item: dict) -> str:
-        pixels, grid = item.get("pixels"), item.get("grid_thw")
-        cfg = self.model.cfg
-        width = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
-        if pixels is None or grid is None or getattr(pixels, "ndim", 0) != 2 or pixels.shape[1] != width:
-            raise InvalidRequest(f"image item needs pixels [patches, {width}] and grid_thw")
-        t, h, w = (int(v) for v in np.asarray(grid).reshape(3))
-        if pixels.shape[0] != t * h * w or h % cfg.spatial_merge_size or w % cfg.spatial_merge_size:
-            raise InvalidRequest(f"pixels {list(pixels.shape)} do not fit grid {(t, h, w)}")
-        return "image"
-
-    def encode(self, items: list[dict]) -> list[dict]:
-        device = self.model.inv_freq.device
-        pixels = [torch.as_tensor(np.asarray(it["pixels"], dtype=np.float32), device=device) for it in items]
-        grids = [tuple(int(v) for v in np.asarray(it["grid_thw"]).reshape(3)) for it in items]
-        outs = self.model(pixels, grids)
-        return [{"image_embeds": o, "image_grid_thw": np.asarray([grid], dtype=np.int64)} for o, grid in zip(outs, grids)]
+class ImagePatchesEncoder(PatchItemsEncoder):
+    """The encoder stage's `BatchEncoder` (omni/layers/vision_items.py): {"image_embeds", "image_grid_thw"}."""
