@@ -17,10 +17,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch  # noqa: F401  (the talker stage's spk_dict read needs it at build time)
-
 from omni.kernel.errors import GraphError
-from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec, stage_args
+from omni.kernel.graph import Graph, StageSpec
+from omni.models.omni_graph import omni_edges
+from omni.models.omni_graph import settle as shared_settle
 from omni.models.qwen2_5_omni.checkpoint.tiny_presets import RANDOM_MARKER, TINY_MARKER
 from omni.models.qwen2_5_omni.config import SPEAKERS_FILE, load_omni_config
 from omni.models.registry import ModelInfo
@@ -37,6 +37,8 @@ _KINDS = {name: f"{FAMILY}.{name}" for name in
 
 def voices_of(model_dir: str | Path) -> list[str]:
     """The speakers of `spk_dict.pt`, lower-cased, transformers' default first."""
+    import torch
+
     path = Path(model_dir) / SPEAKERS_FILE
     if not path.is_file():
         return []
@@ -74,27 +76,13 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         stage("vision_encoder", {"model_dir": model_dir, "out_port": "embeds"}, capability="image_input"),
         stage("thinker", {"model_dir": model_dir, "default_sampling": {"max_tokens": lengths["thinker"]}}),
     ]
-    edges = [
-        EdgeSpec("preprocess", "audio", "audio_encoder"),
-        EdgeSpec("preprocess", "image", "vision_encoder"),
-        EdgeSpec("preprocess", "prompt", "thinker"),
-        EdgeSpec("audio_encoder", "embeds", "thinker", "audio"),
-        EdgeSpec("vision_encoder", "embeds", "thinker", "image"),
-        EdgeSpec("thinker", "text", OUT),
-    ]
     if speaks:
         stages += [
             stage("talker", {"model_dir": model_dir, "speaker": voices[0],
                              "default_sampling": {"max_tokens": lengths["talker"]}}, capability="audio_output"),
             stage("token2wav", {"model_dir": model_dir}, capability="audio_output"),
         ]
-        edges += [
-            EdgeSpec("thinker", "hidden", "talker"),
-            EdgeSpec("preprocess", "grids", "talker"),
-            EdgeSpec("talker", "codes", "token2wav"),
-            EdgeSpec("token2wav", "audio", OUT),
-        ]
-    graph = Graph(name=f"{FAMILY}-{variant}", stages=stages, edges=edges, entry="preprocess",
+    graph = Graph(name=f"{FAMILY}-{variant}", stages=stages, edges=omni_edges("token2wav", speaks), entry="preprocess",
                   needs="omni.models.omni_request:needs", media=["messages", "audio"])
     graph.validate()
     info = ModelInfo(
@@ -109,6 +97,4 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
 
 def settle(graph: Graph, info: ModelInfo) -> None:
     """The thinker's context bounds the prompts preprocess admits and is the model card's `max_context`."""
-    context = stage_args(graph.stage("thinker")).max_model_len
-    graph.stage("preprocess").args["max_prompt_tokens"] = context
-    info.max_context = context
+    shared_settle(graph, info)
