@@ -58,6 +58,18 @@ class AudioAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(w, n, d))
 
 
+class AudioEncoderLayer(PreNormBlock):
+    """A Whisper-style audio tower's layer: windowed self-attention (`mask` marks each window's real
+    rows), then the feed-forward branch, each with its residual."""
+
+    def __init__(self, dim: int, heads: int, ffn_dim: int, k_bias: bool = True):
+        super().__init__(AudioAttention(dim, heads, k_bias), dim, ffn_dim)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.self_attn_layer_norm(x), mask)
+        return x + self.mlp(x)
+
+
 def input_digest(features, pad_len: int, rows: int) -> np.ndarray:
     """[rows, 16] uint8: one audio's features and pad_len hashed, repeated for each of its rows (the
     audio towers' `audio_keys`)."""

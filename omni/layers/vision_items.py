@@ -1,4 +1,4 @@
-"""The encoder stage's view of a vision tower (Qwen3-Omni's, Qwen2.5-Omni's): items of patches in merge-block
+"""`PatchMerger`, the last block of the Qwen vision towers, and the encoder stage's view of a vision tower (Qwen3-Omni's, Qwen2.5-Omni's): items of patches in merge-block
 order with their grid, checked against the tower's config (`in_channels`, `temporal_patch_size`,
 `patch_size`, `spatial_merge_size`), one forward for a batch (images attend only to themselves: any
 batch works), one output dict per item in the thinker's keys (`item_output`)."""
@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch import nn
 
 from omni.kernel.errors import InvalidRequest
+from omni.layers.norms import RMSNorm
 
 
 class PatchItemsEncoder:
@@ -37,3 +39,23 @@ class PatchItemsEncoder:
 
     def item_output(self, out, grid: tuple[int, int, int]) -> dict:
         return {"image_embeds": out, "image_grid_thw": np.asarray([grid], dtype=np.int64)}
+
+
+class PatchMerger(nn.Module):
+    """Folds each merge block of a vision tower's rows into one token of the thinker's width: a norm (of
+    each row, or with `norm_after_shuffle` of the block's rows together: Qwen3-Omni's deepstack mergers),
+    then linear, GELU, linear. `rms`: an RMSNorm (Qwen2.5-VL's) instead of a LayerNorm (Qwen3-VL's)."""
+
+    def __init__(self, hidden: int, merge: int, out: int, norm_after_shuffle: bool = False, rms: bool = False):
+        super().__init__()
+        self.width = hidden * merge**2
+        self.norm_after_shuffle = norm_after_shuffle
+        dim = self.width if norm_after_shuffle else hidden
+        self.ln_q = RMSNorm(dim, 1e-6) if rms else nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = nn.ModuleList([nn.Linear(self.width, self.width), nn.GELU(), nn.Linear(self.width, out)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.ln_q(x.reshape(-1, self.width)) if self.norm_after_shuffle else self.ln_q(x).reshape(-1, self.width)
+        for layer in self.mlp:
+            x = layer(x)
+        return x

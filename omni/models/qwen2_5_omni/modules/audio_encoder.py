@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni.kernel.errors import InvalidRequest
-from omni.layers.transformer import AudioAttention, PreNormBlock, input_digest, sinusoids
+from omni.layers.transformer import AudioEncoderLayer, input_digest, sinusoids
 from omni.models.qwen2_5_omni.config import AudioEncoderConfig, load_omni_config
 from omni.models.weights import load_module
 
@@ -35,15 +35,6 @@ def chunk_lengths(frames: int, n_window: int) -> list[int]:
     return [chunk] * (frames // chunk) + ([frames % chunk] if frames % chunk else [])
 
 
-class AudioEncoderLayer(PreNormBlock):
-    def __init__(self, cfg: AudioEncoderConfig):
-        super().__init__(AudioAttention(cfg.d_model, cfg.num_heads, k_bias=False), cfg.d_model, cfg.ffn_dim)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.self_attn_layer_norm(x), mask)
-        return x + self.mlp(x)
-
-
 class AudioEncoder(nn.Module):
     def __init__(self, cfg: AudioEncoderConfig):
         super().__init__()
@@ -52,7 +43,8 @@ class AudioEncoder(nn.Module):
         self.conv1 = nn.Conv1d(cfg.num_mel_bins, d, kernel_size=3, padding=1)
         self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
         self.audio_bos_eos_token = nn.Embedding(2, cfg.output_dim)  # in the checkpoint, unused by the reference
-        self.layers = nn.ModuleList([AudioEncoderLayer(cfg) for _ in range(cfg.num_layers)])
+        self.layers = nn.ModuleList([AudioEncoderLayer(cfg.d_model, cfg.num_heads, cfg.ffn_dim, k_bias=False)
+                                     for _ in range(cfg.num_layers)])
         self.ln_post = nn.LayerNorm(d)
         self.proj = nn.Linear(d, cfg.output_dim)
         self.register_buffer("positions", sinusoids(cfg.max_source_positions, d), persistent=False)

@@ -20,7 +20,7 @@ from omni.layers.image_patches import block_order_rows_cols
 from omni.layers.mlp import GatedMLP
 from omni.layers.norms import RMSNorm
 from omni.layers.rotary import apply_rope, cos_sin, rope_inv_freq
-from omni.layers.vision_items import PatchItemsEncoder
+from omni.layers.vision_items import PatchItemsEncoder, PatchMerger
 from omni.models.qwen2_5_omni.config import VisionEncoderConfig, load_omni_config
 from omni.models.weights import load_module
 
@@ -70,20 +70,6 @@ class VisionBlock(nn.Module):
         return self.attn.proj(torch.cat(outs))
 
 
-class PatchMerger(nn.Module):
-    def __init__(self, cfg: VisionEncoderConfig):
-        super().__init__()
-        self.width = cfg.hidden_size * cfg.spatial_merge_size**2
-        self.ln_q = RMSNorm(cfg.hidden_size, 1e-6)
-        self.mlp = nn.ModuleList([nn.Linear(self.width, self.width), nn.GELU(), nn.Linear(self.width, cfg.out_hidden_size)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.ln_q(x).reshape(-1, self.width)
-        for layer in self.mlp:
-            x = layer(x)
-        return x
-
-
 class VisionEncoder(nn.Module):
     def __init__(self, cfg: VisionEncoderConfig):
         super().__init__()
@@ -92,7 +78,7 @@ class VisionEncoder(nn.Module):
         k = (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
         self.patch_embed.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, kernel_size=k, stride=k, bias=False)
         self.blocks = nn.ModuleList([VisionBlock(cfg) for _ in range(cfg.depth)])
-        self.merger = PatchMerger(cfg)
+        self.merger = PatchMerger(cfg.hidden_size, cfg.spatial_merge_size, cfg.out_hidden_size, rms=True)
         head_dim = cfg.hidden_size // cfg.num_heads
         self.register_buffer("inv_freq", rope_inv_freq(head_dim // 2, cfg.rope_theta), persistent=False)
 

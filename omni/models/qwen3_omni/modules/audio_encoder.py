@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni.kernel.errors import InvalidRequest
-from omni.layers.transformer import AudioAttention, PreNormBlock, input_digest, sinusoids
+from omni.layers.transformer import AudioEncoderLayer, input_digest, sinusoids
 from omni.models.qwen3_omni.config import AudioEncoderConfig, load_config
 from omni.models.weights import load_module
 
@@ -54,15 +54,6 @@ def default_pad_len(lengths: list[int], n_window: int) -> int:
     return max(max(chunk_lengths(n, n_window)) for n in lengths)
 
 
-class AudioEncoderLayer(PreNormBlock):
-    def __init__(self, cfg: AudioEncoderConfig):
-        super().__init__(AudioAttention(cfg.d_model, cfg.num_heads), cfg.d_model, cfg.ffn_dim)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.self_attn_layer_norm(x), mask)
-        return x + self.mlp(x)
-
-
 class AudioEncoder(nn.Module):
     def __init__(self, cfg: AudioEncoderConfig):
         super().__init__()
@@ -75,7 +66,8 @@ class AudioEncoder(nn.Module):
         self.conv2d3 = nn.Conv2d(c, c, 3, 2, padding=1)
         freq = (((cfg.num_mel_bins + 1) // 2 + 1) // 2 + 1) // 2
         self.conv_out = nn.Linear(c * freq, cfg.d_model, bias=False)
-        self.layers = nn.ModuleList([AudioEncoderLayer(cfg) for _ in range(cfg.num_layers)])
+        self.layers = nn.ModuleList([AudioEncoderLayer(cfg.d_model, cfg.num_heads, cfg.ffn_dim)
+                                     for _ in range(cfg.num_layers)])
         self.ln_post = nn.LayerNorm(cfg.d_model)
         self.proj1 = nn.Linear(cfg.d_model, cfg.d_model)
         self.proj2 = nn.Linear(cfg.d_model, cfg.output_dim)

@@ -20,7 +20,7 @@ from torch import nn
 from omni.layers.mlp import MLP
 from omni.layers.rotary import apply_rope, cos_sin, rope_inv_freq
 from omni.layers.image_patches import block_order_rows_cols
-from omni.layers.vision_items import PatchItemsEncoder
+from omni.layers.vision_items import PatchItemsEncoder, PatchMerger
 from omni.models.qwen3_omni.config import VisionEncoderConfig, load_config
 from omni.models.weights import load_module
 from omni.layers.attention import sdpa
@@ -70,21 +70,6 @@ class VisionBlock(nn.Module):
         return self.attn.proj(torch.cat(outs))
 
 
-class PatchMerger(nn.Module):
-    def __init__(self, cfg: VisionEncoderConfig, norm_after_shuffle: bool):
-        super().__init__()
-        self.width = cfg.hidden_size * cfg.spatial_merge_size**2
-        self.norm_after_shuffle = norm_after_shuffle
-        self.ln_q = nn.LayerNorm(self.width if norm_after_shuffle else cfg.hidden_size, eps=1e-6)
-        self.mlp = nn.ModuleList([nn.Linear(self.width, self.width), nn.GELU(), nn.Linear(self.width, cfg.out_hidden_size)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.ln_q(x.reshape(-1, self.width)) if self.norm_after_shuffle else self.ln_q(x).reshape(-1, self.width)
-        for layer in self.mlp:
-            x = layer(x)
-        return x
-
-
 class VisionEncoder(nn.Module):
     def __init__(self, cfg: VisionEncoderConfig):
         super().__init__()
@@ -95,8 +80,9 @@ class VisionEncoder(nn.Module):
         self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
         self.side = int(cfg.num_position_embeddings**0.5)
         self.blocks = nn.ModuleList([VisionBlock(cfg) for _ in range(cfg.depth)])
-        self.merger = PatchMerger(cfg, norm_after_shuffle=False)
-        self.merger_list = nn.ModuleList([PatchMerger(cfg, True) for _ in cfg.deepstack_visual_indexes])
+        self.merger = PatchMerger(cfg.hidden_size, cfg.spatial_merge_size, cfg.out_hidden_size)
+        self.merger_list = nn.ModuleList([PatchMerger(cfg.hidden_size, cfg.spatial_merge_size, cfg.out_hidden_size, True)
+                                           for _ in cfg.deepstack_visual_indexes])
         self.register_buffer("inv_freq", vision_inv_freq(cfg), persistent=False)
 
     @classmethod
