@@ -75,6 +75,17 @@ class TalkerStage(ARStage):
 
         return merged_sampling({**DEFAULT_SAMPLING, **self.ctx.args.default_sampling}, params, self.ctx.name, stops)
 
+    def warm_requests(self) -> list:
+        """A prompt of each prefill bucket's length with zero thinker rows, through the serving path."""
+        width, out = self.model.cfg.talker.embedding_size, []
+        for n in self.warm_lengths():
+            prompt = max(1, n - 2)
+            rows = np.zeros((prompt + 2, width), dtype=np.float32)  # the prompt's, then two reply rows
+            chunk = {"tap_start": 0, "token_ids": [11] * (prompt + 2), "prompt_len": prompt, "layer_0": rows,
+                     self._last: rows}
+            out.append(({"sampling": {self.ctx.name: {"max_tokens": 3, "ignore_eos": True}}}, [("hidden", chunk)]))
+        return out
+
     # ---- requests -------------------------------------------------------------------
     def open(self, rid: str, params: dict[str, Any]) -> None:
         if not wants_audio(params):
