@@ -1,4 +1,4 @@
-"""`PatchMerger`, the last block of the Qwen vision towers, and the encoder stage's view of a vision tower (Qwen3-Omni's, Qwen2.5-Omni's): items of patches in merge-block
+"""`rope_windows_attention` and `PatchMerger`, blocks of the Qwen vision towers, and the encoder stage's view of a vision tower (Qwen3-Omni's, Qwen2.5-Omni's): items of patches in merge-block
 order with their grid, checked against the tower's config (`in_channels`, `temporal_patch_size`,
 `patch_size`, `spatial_merge_size`), one forward for a batch (images attend only to themselves: any
 batch works), one output dict per item in the thinker's keys (`item_output`)."""
@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from omni.kernel.errors import InvalidRequest
+from omni.layers.attention import sdpa
 from omni.layers.norms import RMSNorm
+from omni.layers.rotary import apply_rope
 
 
 class PatchItemsEncoder:
@@ -59,3 +61,19 @@ class PatchMerger(nn.Module):
         for layer in self.mlp:
             x = layer(x)
         return x
+
+
+def rope_windows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                           sizes: list[int]) -> torch.Tensor:
+    """A vision tower's attention: q/k/v [n, heads, hd] rotated in float32 (cos/sin [n, hd]), then each run
+    of `sizes` rows (a frame, or a window) attending only to itself -> [n, heads * hd]."""
+    n, heads, hd = q.shape
+    q = apply_rope(q.float(), cos, sin).to(v.dtype)
+    k = apply_rope(k.float(), cos, sin).to(v.dtype)
+    outs, start = [], 0
+    for size in sizes:  # one attention per run; padded batching is not worth it here
+        sl = slice(start, start + size)
+        o = sdpa(q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1))
+        outs.append(o.transpose(0, 1).reshape(size, heads * hd))
+        start += size
+    return torch.cat(outs)

@@ -34,7 +34,7 @@ from omni.layers.decoder_layer import DecoderLayer
 from omni.layers.norms import RMSNorm
 from omni.layers.rotary import mrope_cos_sin, rope_inv_freq
 from omni.models.qwen2_5_omni.config import Qwen2_5OmniConfig, load_omni_config
-from omni.models.weights import CheckpointError, checkpoint_files, load_state_dict
+from omni.models.weights import CheckpointError, load_state_dict, thinker_token_rows
 from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput, KVCacheSpec
 from omni.stages.ar.sampler import SuppressTokens
 
@@ -100,7 +100,7 @@ class Qwen2_5OmniTalker(nn.Module, ARModel):
         if tk is None:
             raise CheckpointError(f"{ckpt_dir} has no talker (no audio output)")
         ids = sorted({tk.text_eos_id, tk.text_pad_id, *speakers.values()})
-        rows = thinker_rows(ckpt_dir, ids)
+        rows = dict(zip(ids, thinker_token_rows(ckpt_dir, tuple(ids))))
         state = load_state_dict(ckpt_dir, "talker", device=str(device), dtype=dtype)
         with torch.device("meta"):
             model = cls(cfg, {i: rows[i] for i in ids}, speakers, dtype)
@@ -201,19 +201,6 @@ class Qwen2_5OmniTalker(nn.Module, ARModel):
 
     def release(self, seq) -> None:
         seq.model_state.clear()
-
-
-def thinker_rows(ckpt_dir: str | Path, ids: list[int]) -> dict[int, torch.Tensor]:
-    """Rows `ids` of the thinker's token embedding, read from the checkpoint (float32)."""
-    from safetensors import safe_open
-
-    name = "thinker.model.embed_tokens.weight"
-    files = checkpoint_files(ckpt_dir)
-    if name not in files:
-        raise CheckpointError(f"{ckpt_dir}: {name} missing (the talker's text rows)")
-    with safe_open(str(files[name]), framework="pt") as f:
-        table = f.get_slice(name)
-        return {i: table[i : i + 1][0].float() for i in ids}
 
 
 def prompt_rows(model: Qwen2_5OmniTalker, ids: list[int], embed: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

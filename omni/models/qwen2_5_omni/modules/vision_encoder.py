@@ -15,12 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni.layers.attention import sdpa
 from omni.layers.image_patches import block_order_rows_cols
 from omni.layers.mlp import GatedMLP
 from omni.layers.norms import RMSNorm
-from omni.layers.rotary import apply_rope, cos_sin, rope_inv_freq
-from omni.layers.vision_items import PatchItemsEncoder, PatchMerger
+from omni.layers.rotary import cos_sin, rope_inv_freq
+from omni.layers.vision_items import PatchItemsEncoder, PatchMerger, rope_windows_attention
 from omni.models.qwen2_5_omni.config import VisionEncoderConfig, load_omni_config
 from omni.models.weights import load_module
 
@@ -59,15 +58,7 @@ class VisionBlock(nn.Module):
     def _attention(self, x, cos, sin, sizes: list[int]) -> torch.Tensor:
         n, d = x.shape
         q, k, v = (getattr(self.attn, name)(x).view(n, self.heads, d // self.heads) for name in ("q", "k", "v"))
-        q = apply_rope(q.float(), cos, sin).to(x.dtype)
-        k = apply_rope(k.float(), cos, sin).to(x.dtype)
-        outs, start = [], 0
-        for size in sizes:
-            sl = slice(start, start + size)
-            o = sdpa(q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1))
-            outs.append(o.transpose(0, 1).reshape(size, d))
-            start += size
-        return self.attn.proj(torch.cat(outs))
+        return self.attn.proj(rope_windows_attention(q, k, v, cos, sin, sizes))
 
 
 class VisionEncoder(nn.Module):

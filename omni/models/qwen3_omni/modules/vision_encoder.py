@@ -18,12 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni.layers.mlp import MLP
-from omni.layers.rotary import apply_rope, cos_sin, rope_inv_freq
+from omni.layers.rotary import cos_sin, rope_inv_freq
 from omni.layers.image_patches import block_order_rows_cols
-from omni.layers.vision_items import PatchItemsEncoder, PatchMerger
+from omni.layers.vision_items import PatchItemsEncoder, PatchMerger, rope_windows_attention
 from omni.models.qwen3_omni.config import VisionEncoderConfig, load_config
 from omni.models.weights import load_module
-from omni.layers.attention import sdpa
 
 PREFIX = "thinker.visual"
 
@@ -58,16 +57,7 @@ class VisionBlock(nn.Module):
     def _attention(self, x, cos, sin, sizes: list[int]) -> torch.Tensor:
         n, d = x.shape
         q, k, v = self.attn.qkv(x).view(n, 3, self.heads, d // self.heads).unbind(1)
-        q = apply_rope(q.float(), cos, sin).to(x.dtype)
-        k = apply_rope(k.float(), cos, sin).to(x.dtype)
-        outs = []
-        start = 0
-        for size in sizes:  # one attention per frame; padded batching is not worth it here
-            sl = slice(start, start + size)
-            o = sdpa(q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1))
-            outs.append(o.transpose(0, 1).reshape(size, d))
-            start += size
-        return self.attn.proj(torch.cat(outs))
+        return self.attn.proj(rope_windows_attention(q, k, v, cos, sin, sizes))
 
 
 class VisionEncoder(nn.Module):
