@@ -1,7 +1,8 @@
 """The Qwen2.5-Omni family (issue 29): its registration (kept import-light: only `module:attr` strings).
 
-modules/ (torch: the thinker LM, audio and vision encoders, DiT + BigVGAN token2wav), stages/ (the
-stage classes: preprocess, encoders, thinker, token2wav; each a subclass of a shared one),
+modules/ (torch: the thinker LM, audio and vision encoders, the one-codebook talker, DiT + BigVGAN
+token2wav), stages/ (the stage classes: preprocess, encoders, thinker, talker, token2wav; each a subclass
+of a shared one),
 checkpoint/ (tiny and full-size writers), config.py, graph.build (checkpoint dir -> Graph + ModelInfo).
 """
 
