@@ -20,7 +20,7 @@ STREAM_TOL = 5e-3  # streamed (DiffusionArgs defaults: windows of 2-3 blocks, 2 
 # of the peak; measured 1.0e-3 (tiny-a) and 3.3e-4 (tiny-b): the ODE carries context a window lacks
 
 
-@pytest.fixture(scope="module", params=sorted(PRESETS))
+@pytest.fixture(scope="module", params=sorted(PRESETS))  # the whole model's tiny presets: token2wav's differ too
 def pair(request, tmp_path_factory):
     from safetensors.torch import load_file
     from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniToken2WavConfig
@@ -30,7 +30,8 @@ def pair(request, tmp_path_factory):
     path = make_tiny(tmp_path_factory.mktemp(request.param), seed=1, preset=request.param)
     cfg = Qwen2_5OmniToken2WavConfig(**json.loads((path / "config.json").read_text())["token2wav_config"])
     ref = Qwen2_5OmniToken2WavModel(cfg).eval()
-    state = {k[len("token2wav."):]: v for k, v in load_file(path / "model.safetensors").items()}
+    state = {k[len("token2wav."):]: v for k, v in load_file(path / "model.safetensors").items()
+             if k.startswith("token2wav.")}  # the checkpoint holds the whole model
     ref.load_state_dict(state, strict=True)
     return Token2Wav.from_checkpoint(path), ref, torch.load(path / "spk_dict.pt", weights_only=True)
 

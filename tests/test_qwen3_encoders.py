@@ -12,7 +12,7 @@ from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import StageContext
 from omni.models.qwen3_omni.modules.audio_encoder import AudioEncoder, AudioFeaturesEncoder
 from omni.models.qwen3_omni.stages.encoders import AudioEncoderStage, VisionEncoderStage
-from omni.models.qwen3_omni.modules.image_patches import image_to_patches
+from omni.layers.image_patches import image_to_patches
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from omni.models.qwen3_omni.stages.preprocess import Preprocessor, audio_token_count, resample
 from omni.models.qwen3_omni.checkpoint.tiny_presets import PRESETS

@@ -200,7 +200,7 @@ def test_prompt_layout_equals_transformers_processor(ckpt, oracle, use_audio, tr
 
     th = oracle.hf.config.thinker_config
     tokens = RopeTokens(th.image_token_id, th.video_token_id, th.position_id_per_seconds,
-                        th.vision_config.spatial_merge_size, th.audio_token_id)
+                        th.vision_config.spatial_merge_size, audio_token_id=th.audio_token_id)
     grid = VisionGrid(*got.videos[0].grid_thw, got.videos[0].second_per_grid,
                       got.audio_token_counts[0] if use_audio else 0)
     pos, delta = rope_index(got.input_ids.tolist(), tokens, [], [grid])

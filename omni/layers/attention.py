@@ -1,5 +1,5 @@
-"""The attention front end of the Qwen3 decoders: q/k/v/o projections, per-head q/k RMSNorm,
-then RoPE. The attention itself is the caller's (the paged cache, or SDPA over a small cache);
+"""The attention front end of the Qwen decoders: q/k/v/o projections, per-head q/k RMSNorm (Qwen3;
+Qwen2's decoders have none, and biases on q/k/v), then RoPE. The attention itself is the caller's (the paged cache, or SDPA over a small cache);
 every SDPA call of omni goes through `sdpa` here.
 
 On CUDA with triton, q/k norm + RoPE run as one fused kernel (`fused_ops.qk_norm_rope`);
@@ -42,17 +42,21 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.T
 
 
 class QKVProjection(nn.Module):
-    """q/k/v/o projections plus the per-head q/k norms (the attention maths lives elsewhere)."""
+    """q/k/v/o projections plus the per-head q/k norms (the attention maths lives elsewhere).
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, bias: bool = False) -> None:
+    `bias`: on all four projections; `qkv_bias`: on q/k/v only (Qwen2's layout); `qk_norm` False:
+    no per-head norms (Qwen2's decoders)."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, bias: bool = False,
+                 qkv_bias: bool = False, qk_norm: bool = True) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias or qkv_bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias or qkv_bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias or qkv_bias)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
-        self.q_norm = RMSNorm(head_dim, eps)
-        self.k_norm = RMSNorm(head_dim, eps)
+        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
         self.qkv_proj: nn.Linear | None = None  # q/k/v as one projection, once `fuse_projections` ran
 
     def fuse_projections(self) -> bool:
@@ -74,6 +78,8 @@ class QKVProjection(nn.Module):
         q = q.view(*lead, self.heads, self.head_dim)
         k = k.view(*lead, self.kv_heads, self.head_dim)
         v = v.view(*lead, self.kv_heads, self.head_dim)
+        if self.q_norm is None:
+            return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
         if self._fused(x, cos, sin):  # q/k norm + rope: one launch for both
             rows, d = -1, self.head_dim
             c = cos.expand(*lead, d).reshape(rows, d)

@@ -13,13 +13,13 @@ ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.
 
 
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)), no biases (SwiGLU with act="silu")."""
+    """down(act(gate(x)) * up(x)) (SwiGLU with act="silu"); biases only with `bias` (Qwen2.5-VL's vision MLP)."""
 
-    def __init__(self, hidden: int, inner: int, act: str = "silu") -> None:
+    def __init__(self, hidden: int, inner: int, act: str = "silu", bias: bool = False) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, inner, bias=False)
-        self.up_proj = nn.Linear(hidden, inner, bias=False)
-        self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
+        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias)
         self.act = ACTIVATIONS[act]
         self.gate_up_proj: nn.Linear | None = None  # gate and up as one projection, once fused
 

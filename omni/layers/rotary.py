@@ -2,8 +2,9 @@
 
 `rope_inv_freq` gives the inverse frequencies (float32), `rope_angles` the angle of each
 position and frequency, `cos_sin` the [..., D] tables (the angles repeated for both halves).
-`mrope_cos_sin` is the interleaved M-RoPE of Qwen3-Omni's thinker and of every multi-codebook
-talker: per-axis angles mixed between the last two steps.
+`mrope_cos_sin` is the M-RoPE of the Qwen omni thinkers and talkers: interleaved (Qwen3-Omni's thinker
+and every multi-codebook talker: per-axis angles mixed between the last two steps) or in contiguous
+sections (Qwen2-VL's layout, which Qwen2.5-Omni's thinker and talker use).
 """
 
 from __future__ import annotations
@@ -47,16 +48,22 @@ DEFAULT_MROPE_SECTION = (24, 20, 20)  # what transformers silently uses when the
 
 
 def mrope_cos_sin(
-    inv_freq: torch.Tensor, positions: torch.Tensor, section: tuple[int, ...], dtype: torch.dtype
+    inv_freq: torch.Tensor, positions: torch.Tensor, section: tuple[int, ...], dtype: torch.dtype,
+    interleaved: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`positions` [3, T] (or [T]: the same on every axis) -> cos, sin [T, head_dim].
 
-    The frequencies are interleaved by axis: frequency pair j uses the height position when
-    j % 3 == 1 and j < 3 * section[1], the width position when j % 3 == 2 and j < 3 * section[2],
-    the temporal one otherwise (transformers' `recomposition_frequencies`)."""
+    Interleaved (Qwen3): frequency pair j uses the height position when j % 3 == 1 and
+    j < 3 * section[1], the width position when j % 3 == 2 and j < 3 * section[2], the temporal one
+    otherwise (transformers' Qwen3-Omni `recomposition_frequencies`). Not interleaved (Qwen2-VL,
+    Qwen2.5-Omni): the first section[0] pairs take the temporal position, the next section[1] the
+    height, the next section[2] the width."""
     if positions.dim() == 1:
         positions = positions.expand(3, -1)
     freqs = rope_angles(inv_freq, positions)  # [3, T, D/2]
+    if not interleaved:
+        parts = freqs.split(list(section), dim=-1)
+        return cos_sin(torch.cat([part[i % 3] for i, part in enumerate(parts)], dim=-1), dtype)
     mixed = freqs[0].clone()
     for axis in (1, 2):
         idx = slice(axis, section[axis] * 3, 3)

@@ -248,3 +248,22 @@ _DTYPE_SIZES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16
 
 def _dtype_size(name: str) -> int:
     return _DTYPE_SIZES.get(name, 4)
+
+
+def thinker_token_rows(ckpt_dir: str | Path, token_ids: tuple[int, ...]):
+    """Rows [len(token_ids), H] (float32) of an omni checkpoint's thinker input embedding table, read
+    without loading the whole table (what a talker needs of it: its text tokens' embeddings)."""
+    import torch
+    from safetensors import safe_open
+
+    name = "thinker.model.embed_tokens.weight"
+    files = checkpoint_files(ckpt_dir)
+    if name not in files:
+        raise CheckpointError(f"{ckpt_dir}: no {name} (the talker needs its text tokens' embeddings)")
+    with safe_open(str(files[name]), framework="pt") as f:
+        table = f.get_slice(name)
+        vocab = table.get_shape()[0]
+        for t in token_ids:
+            if not 0 <= t < vocab:
+                raise CheckpointError(f"token id {t} outside the thinker vocabulary of {vocab}")
+        return torch.cat([table[t : t + 1] for t in token_ids]).float()

@@ -1,10 +1,9 @@
-"""Qwen2.5-Omni (issue 29), its audio output end so far: token2wav (DiT + BigVGAN) under the generic
-diffusion stage (omni/stages/diffusion.py). `register` adds the stage kind only: without a thinker and
-a talker the family would expose a model that cannot answer, so no family (nor make-tiny) yet.
+"""The Qwen2.5-Omni family (issue 29): its registration (kept import-light: only `module:attr` strings).
 
-config.py (the token2wav part of config.json), modules/ (DiT, ECAPA via omni/layers, BigVGAN,
-Token2Wav = the diffusion stage's model), stages/ (the token2wav stage kind), checkpoint/make_tiny.py
-(tiny reference checkpoints of token2wav).
+modules/ (torch: the thinker LM, audio and vision encoders, the one-codebook talker, DiT + BigVGAN
+token2wav), stages/ (the stage classes: preprocess, encoders, thinker, talker, token2wav; each a subclass
+of a shared one),
+checkpoint/ (tiny and full-size writers), config.py, graph.build (checkpoint dir -> Graph + ModelInfo).
 """
 
 
@@ -12,3 +11,7 @@ def register(registry) -> None:
     from omni.models.qwen2_5_omni.stages import register_stages
 
     register_stages(registry)
+    registry.register_family("qwen2.5-omni", "omni.models.qwen2_5_omni.graph:build",
+                             ["Qwen2_5OmniForConditionalGeneration", "Qwen2_5OmniModel"],
+                             settle="omni.models.qwen2_5_omni.graph:settle")
+    registry.register_tiny("qwen2.5-omni", "omni.models.qwen2_5_omni.checkpoint.make_tiny:main")

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from omni.kernel.errors import GraphError
-from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec, stage_args
+from omni.kernel.graph import Graph, StageSpec
+from omni.models.omni_graph import omni_edges
+from omni.models.omni_graph import settle as shared_settle
 from omni.models.registry import ModelInfo
 from omni.layers.openai_voices import openai_voices
 from omni.models.qwen3_omni.config import Qwen3OmniConfig, load_config
@@ -97,14 +99,6 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         stage("vision_encoder", {"model_dir": model_dir, "out_port": "embeds"}, capability="image_input"),
         stage("thinker", {"model_dir": model_dir, "default_sampling": {"max_tokens": lengths["thinker"]}}),
     ]
-    edges = [
-        EdgeSpec("preprocess", "audio", "audio_encoder"),
-        EdgeSpec("preprocess", "image", "vision_encoder"),
-        EdgeSpec("preprocess", "prompt", "thinker"),
-        EdgeSpec("audio_encoder", "embeds", "thinker", "audio"),
-        EdgeSpec("vision_encoder", "embeds", "thinker", "image"),
-        EdgeSpec("thinker", "text", OUT),
-    ]
     if speaks:
         stages += [
             stage("talker", {"model_dir": model_dir, "speaker": voices[0] if voices else DEFAULT_VOICE,
@@ -112,13 +106,7 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
             stage("code2wav", {"model_dir": model_dir, "first_chunk_frames": options.get("first_chunk_frames", 4),
                                "chunk_frames": options.get("chunk_frames", 12)}, capability="audio_output"),
         ]
-        edges += [
-            EdgeSpec("thinker", "hidden", "talker"),
-            EdgeSpec("preprocess", "grids", "talker"),
-            EdgeSpec("talker", "codes", "code2wav"),
-            EdgeSpec("code2wav", "audio", OUT),
-        ]
-    graph = Graph(name=f"{FAMILY}-{variant}", stages=stages, edges=edges, entry="preprocess",
+    graph = Graph(name=f"{FAMILY}-{variant}", stages=stages, edges=omni_edges("code2wav", speaks), entry="preprocess",
                   needs="omni.models.qwen3_omni.request:needs", media=["messages", "audio"])  # preprocess reads them
     graph.validate()
     info = ModelInfo(
@@ -143,11 +131,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
 
 
 def settle(graph: Graph, info: ModelInfo) -> None:
-    """What follows from the stages' final args (after config files and `--set` too): the thinker's
-    context bounds the prompts preprocess admits and is the model card's `max_context`."""
-    context = stage_args(graph.stage("thinker")).max_model_len
-    graph.stage("preprocess").args["max_prompt_tokens"] = context
-    info.max_context = context
+    """The thinker's context bounds the prompts preprocess admits and is the model card's `max_context`."""
+    shared_settle(graph, info)
 
 
 def _audio_window(model_dir: str, cfg: Qwen3OmniConfig) -> dict[str, int]:

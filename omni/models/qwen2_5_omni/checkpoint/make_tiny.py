@@ -1,12 +1,16 @@
-"""Tiny random-weight checkpoints of Qwen2.5-Omni's token2wav (DiT + BigVGAN), built with transformers.
+"""Tiny random-weight checkpoints of the whole Qwen2.5-Omni (thinker, talker, token2wav), built with
+transformers' `Qwen2_5OmniForConditionalGeneration`, and the full 7B layout (config only).
 
-Two shapes (`tiny-a`: 50 Hz-like codes, the published BigVGAN rates; `tiny-b`: 4 mel frames per
-token, other rates, fewer layers), laid out as the published checkpoint is: `config.json` with a
-`token2wav_config` {`dit_config`, `bigvgan_config`}, tensors under `token2wav.` in
-model.safetensors, and `spk_dict.pt` = {speaker: {"cond", "ref_mel", "bos_token"}}. Only the
-audio output end is written (no thinker, no talker); `omni_tiny.json` says so. The weights are drawn
-from a generator seeded by `seed`, scaled by fan-in so the DiT's velocity and the waveform are
-audible-scale and not clipped flat.
+Two tiny shapes (tiny_presets.py: layers, heads, GQA ratio, widths, tied / untied embeddings, window
+attention blocks and the token2wav shapes below all differ), laid out as the published checkpoint is:
+`config.json` (thinker_config / talker_config / token2wav_config {dit_config, bigvgan_config}),
+model.safetensors, `spk_dict.pt` = {speaker: {"cond", "ref_mel", "bos_token"}}, the tokenizer
+(omni/layers/tokenizer_offline), `preprocessor_config.json` and `generation_config.json`;
+`omni_tiny.json` says the weights are random. Token2wav's weights are drawn from a generator seeded by
+`seed`, scaled by fan-in so the DiT's velocity and the waveform are audible-scale and not clipped flat;
+the thinker's and talker's are transformers' init at a wide `initializer_range` (greedy outputs varied,
+not near-ties). `full-7b` writes the published sizes without weights (`omni_random.json`): a server
+draws them at load, nothing in CI runs it.
 """
 
 from __future__ import annotations
@@ -15,11 +19,11 @@ import argparse
 import json
 from pathlib import Path
 
-TINY_MARKER = "omni_tiny.json"
-SPEAKERS = {"Chelsie": 151870, "Ethan": 151871}  # speaker -> its bos token (a thinker id)
+from omni.models.qwen2_5_omni.checkpoint.tiny_presets import (FULL, IDS, PREPROCESSOR_CONFIG, PRESETS, TINY_MARKER,
+                                                             build_config, get_preset, speaker_bos, write_full)
 REF_FRAMES = 37
 
-PRESETS = {
+TOKEN2WAV_PRESETS = {
     "tiny-a": {
         "dit_config": {
             "hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 2, "head_dim": 16, "ff_mult": 2,
@@ -60,11 +64,11 @@ PRESETS = {
 POST_GAIN = {"tiny-a": 0.02, "tiny-b": 0.1}
 
 
-def build_config(preset: str):
+def build_token2wav_config(preset: str):
     """The reference's `Qwen2_5OmniToken2WavConfig` of a preset (not saved)."""
     from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniToken2WavConfig
 
-    return Qwen2_5OmniToken2WavConfig(**json.loads(json.dumps(PRESETS[preset])))
+    return Qwen2_5OmniToken2WavConfig(**json.loads(json.dumps(TOKEN2WAV_PRESETS[preset])))
 
 
 def _randomize(model, seed: int, post_gain: float = 1.0) -> None:
@@ -82,7 +86,7 @@ def _randomize(model, seed: int, post_gain: float = 1.0) -> None:
         model.code2wav_bigvgan_model.conv_post.weight.mul_(post_gain)
 
 
-def _speakers(cfg, seed: int) -> dict:
+def _speakers(cfg, seed: int, bos_tokens: dict[str, int]) -> dict:
     import torch
 
     g = torch.Generator().manual_seed(seed + 1)
@@ -90,39 +94,53 @@ def _speakers(cfg, seed: int) -> dict:
     return {name: {"cond": torch.randn(1, dit.enc_emb_dim, generator=g),
                    "ref_mel": torch.randn(1, REF_FRAMES + i, dit.mel_dim, generator=g) - 4.0,
                    "bos_token": bos}
-            for i, (name, bos) in enumerate(SPEAKERS.items())}
+            for i, (name, bos) in enumerate(bos_tokens.items())}
 
 
 def make_tiny(out_dir: str | Path, seed: int = 0, preset: str = "tiny-a") -> Path:
-    """Write a tiny token2wav checkpoint to `out_dir`; returns the directory."""
+    """Write a tiny Qwen2.5-Omni checkpoint (or `full-7b`'s config only) to `out_dir`; returns it."""
     import torch
-    from safetensors.torch import save_file
-    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
+    from transformers import GenerationConfig, Qwen2_5OmniForConditionalGeneration
+    from transformers.utils import logging as hf_logging
+
+    from omni.layers.tokenizer_offline import save_tokenizer
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = build_config(preset)
-    model = Qwen2_5OmniToken2WavModel(cfg).eval()
-    _randomize(model, seed, POST_GAIN[preset])
-    state = {f"token2wav.{k}": v.contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = {"architectures": ["Qwen2_5OmniForConditionalGeneration"], "model_type": "qwen2_5_omni",
-              "enable_audio_output": True, "token2wav_config": cfg.to_dict()}
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    torch.save(_speakers(cfg, seed), out / "spk_dict.pt")
-    (out / TINY_MARKER).write_text(json.dumps({"random": True, "preset": preset, "seed": seed,
-                                               "parts": ["token2wav"]}))
+    if preset == FULL:
+        return write_full(out, seed)
+    p = get_preset(preset)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the ids of the thinker's vocabulary in the talker's config warn
+    try:
+        config = build_config(p, build_token2wav_config(preset))
+        torch.manual_seed(seed)
+        model = Qwen2_5OmniForConditionalGeneration(config).eval()
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    _randomize(model.token2wav, seed, POST_GAIN[preset])
+    model.generation_config = GenerationConfig(eos_token_id=IDS["<|im_end|>"])
+    model.save_pretrained(str(out), safe_serialization=True)
+    save_tokenizer(out)
+    (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n")
+    torch.save(_speakers(config.token2wav_config, seed, speaker_bos()), out / "spk_dict.pt")
+    (out / TINY_MARKER).write_text(json.dumps({"random_weights": True, "preset": preset, "seed": seed}))
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny-a")
+def main(argv: list[str] | None = None) -> int:
+    """`omnid make-tiny qwen2.5-omni DIR [--preset tiny-a|tiny-b|full-7b] [--seed N]`."""
+    parser = argparse.ArgumentParser(prog="omnid make-tiny qwen2.5-omni", description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", metavar="DIR")
+    parser.add_argument("--preset", choices=[*sorted(PRESETS), FULL], default="tiny-a",
+                        help="tiny-a / tiny-b: tiny random shapes (noise in, noise out); full-7b: the published "
+                             "sizes, config only (a server draws random weights at load)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    print(make_tiny(args.out_dir, args.seed, args.preset))
+    path = make_tiny(args.out_dir, args.seed, args.preset)
+    print(f"omnid: wrote a random Qwen2.5-Omni ({args.preset}) to {path}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

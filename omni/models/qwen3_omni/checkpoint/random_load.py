@@ -127,7 +127,8 @@ def random_code2wav(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std:
 
 def random_audio_encoder(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: float = DEFAULT_STD):
     """`AudioEncoder` of `cfg` (an AudioEncoderConfig)."""
-    from omni.models.qwen3_omni.modules.audio_encoder import AudioEncoder, sinusoids
+    from omni.layers.transformer import sinusoids
+    from omni.models.qwen3_omni.modules.audio_encoder import AudioEncoder
 
     with _randomized(lambda: AudioEncoder(cfg), device, dtype, seed, std) as model:
         model.positions = sinusoids(cfg.max_source_positions, cfg.d_model).to(device)  # float32, as a real load

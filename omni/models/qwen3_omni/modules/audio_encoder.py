@@ -10,8 +10,6 @@ Inputs with equal `pad_len` batch together without changing any output.
 
 from __future__ import annotations
 
-import math
-from hashlib import blake2b
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni.kernel.errors import InvalidRequest
-from omni.layers.transformer import PreNormBlock
+from omni.layers.transformer import AudioEncoderLayer, input_digest, sinusoids
 from omni.models.qwen3_omni.config import AudioEncoderConfig, load_config
 from omni.models.weights import load_module
-from omni.layers.attention import sdpa
 
 PREFIX = "thinker.audio_tower"
 
@@ -57,38 +54,6 @@ def default_pad_len(lengths: list[int], n_window: int) -> int:
     return max(max(chunk_lengths(n, n_window)) for n in lengths)
 
 
-def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
-    step = math.log(max_timescale) / (channels // 2 - 1)
-    inv = torch.exp(-step * torch.arange(channels // 2).float())
-    t = torch.arange(length)[:, None] * inv[None, :]
-    return torch.cat([torch.sin(t), torch.cos(t)], dim=1)
-
-
-class AudioAttention(nn.Module):
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.q_proj, self.k_proj = nn.Linear(dim, dim), nn.Linear(dim, dim)
-        self.v_proj, self.out_proj = nn.Linear(dim, dim), nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x [windows, len, dim]; mask [windows, len] marks real positions."""
-        w, n, d = x.shape
-        split = lambda t: t.view(w, n, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
-        q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
-        out = sdpa(q, k, v, attn_mask=mask[:, None, None, :])
-        return self.out_proj(out.transpose(1, 2).reshape(w, n, d))
-
-
-class AudioEncoderLayer(PreNormBlock):
-    def __init__(self, cfg: AudioEncoderConfig):
-        super().__init__(AudioAttention(cfg.d_model, cfg.num_heads), cfg.d_model, cfg.ffn_dim)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.self_attn_layer_norm(x), mask)
-        return x + self.mlp(x)
-
-
 class AudioEncoder(nn.Module):
     def __init__(self, cfg: AudioEncoderConfig):
         super().__init__()
@@ -101,7 +66,8 @@ class AudioEncoder(nn.Module):
         self.conv2d3 = nn.Conv2d(c, c, 3, 2, padding=1)
         freq = (((cfg.num_mel_bins + 1) // 2 + 1) // 2 + 1) // 2
         self.conv_out = nn.Linear(c * freq, cfg.d_model, bias=False)
-        self.layers = nn.ModuleList([AudioEncoderLayer(cfg) for _ in range(cfg.num_layers)])
+        self.layers = nn.ModuleList([AudioEncoderLayer(cfg.d_model, cfg.num_heads, cfg.ffn_dim)
+                                     for _ in range(cfg.num_layers)])
         self.ln_post = nn.LayerNorm(cfg.d_model)
         self.proj1 = nn.Linear(cfg.d_model, cfg.d_model)
         self.proj2 = nn.Linear(cfg.d_model, cfg.output_dim)
@@ -192,11 +158,3 @@ class AudioFeaturesEncoder:
         outs = self.model(feats, pad_len=pad_len)
         return [{"audio_embeds": o, "audio_keys": input_digest(it["features"], pad_len, len(o))}
                 for it, o in zip(items, outs)]
-
-
-def input_digest(features, pad_len: int, rows: int) -> np.ndarray:
-    """[rows, 16] uint8: one audio's features and pad_len hashed, repeated for each of its rows."""
-    h = blake2b(np.ascontiguousarray(features, dtype=np.float32).tobytes(), digest_size=16)
-    h.update(f"{np.shape(features)}:{pad_len}".encode())
-    return np.tile(np.frombuffer(h.digest(), dtype=np.uint8), (rows, 1))
-

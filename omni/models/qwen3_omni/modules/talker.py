@@ -38,7 +38,7 @@ from omni.layers.rotary import DEFAULT_MROPE_SECTION, rope_inv_freq
 from omni.models.qwen3_omni.checkpoint.make_tiny import TINY_MARKER
 from omni.models.qwen3_omni.config import Qwen3OmniConfig, load_config
 from omni.models.qwen3_omni.modules.talker_inputs import TalkerInputs, TalkerParts, TalkerTokenIds
-from omni.models.weights import CheckpointError, checkpoint_files, load_state_dict, load_weights
+from omni.models.weights import CheckpointError, load_state_dict, load_weights, thinker_token_rows
 from omni.stages.codec_lm.code_predictor import CodePredictor
 from omni.stages.codec_lm.model import SUPPRESSED_SPAN, CodecLM
 from omni.stages.codec_lm.request import STATE_KEY, CodecLMRequest
@@ -192,20 +192,3 @@ class TalkerModel(CodecLM):
         """`seed` None: a random one (the code predictor's draws still hash per frame and group)."""
         predictor_seed = (int(seed) + 1) if seed is not None else random.getrandbits(31)
         return CodecLMRequest(TalkerInputs(self.ids, self.parts(), speaker, prompt_ids), greedy, predictor_seed)
-
-
-def thinker_token_rows(ckpt_dir: str | Path, token_ids: tuple[int, ...]) -> torch.Tensor:
-    """Rows of the thinker's input embedding table, read without loading the whole table."""
-    from safetensors import safe_open
-
-    name = "thinker.model.embed_tokens.weight"
-    files = checkpoint_files(ckpt_dir)
-    if name not in files:
-        raise CheckpointError(f"{ckpt_dir}: no {name} (the talker needs the tts token embeddings)")
-    with safe_open(str(files[name]), framework="pt") as f:
-        table = f.get_slice(name)
-        vocab = table.get_shape()[0]
-        for t in token_ids:
-            if not 0 <= t < vocab:
-                raise CheckpointError(f"tts token id {t} outside the thinker vocabulary of {vocab}")
-        return torch.cat([table[t : t + 1] for t in token_ids]).float()

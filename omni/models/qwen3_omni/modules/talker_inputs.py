@@ -84,7 +84,7 @@ class TalkerTokenIds:
             rope=RopeTokens(
                 int(raw.get("image_token_id", 151655)), int(raw.get("video_token_id", 151656)),
                 float(raw.get("position_id_per_seconds", 25)), int(raw.get("spatial_merge_size", 2)),
-                int(th.audio_token_id),
+                audio_token_id=int(th.audio_token_id),
             ),
         )
 

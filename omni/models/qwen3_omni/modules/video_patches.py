@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omni.kernel.errors import InvalidRequest
-from omni.models.qwen3_omni.modules.image_patches import smart_resize
+from omni.layers.image_patches import smart_resize
 
 DEFAULT_FPS = 2.0  # what Qwen's own video loader (qwen-omni-utils) samples at
 VIDEO_MIN_PIXELS = 128 * 32 * 32  # Qwen3OmniMoeProcessor's videos_kwargs size

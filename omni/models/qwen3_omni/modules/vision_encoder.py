@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni.kernel.errors import InvalidRequest
 from omni.layers.mlp import MLP
-from omni.layers.rotary import apply_rope, cos_sin, rope_inv_freq
+from omni.layers.rotary import cos_sin, rope_inv_freq
+from omni.layers.image_patches import block_order_rows_cols
+from omni.layers.vision_items import PatchItemsEncoder, PatchMerger, rope_windows_attention
 from omni.models.qwen3_omni.config import VisionEncoderConfig, load_config
 from omni.models.weights import load_module
-from omni.layers.attention import sdpa
 
 PREFIX = "thinker.visual"
 
@@ -31,13 +31,6 @@ PREFIX = "thinker.visual"
 class VisionOutput:
     embeds: torch.Tensor  # [tokens, out_hidden_size] for one image
     deepstack: list[torch.Tensor]  # one [tokens, out_hidden_size] per deepstack layer
-
-
-def block_order_rows_cols(h: int, w: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, col) of every patch of an h x w grid, listed block by block (merge x merge)."""
-    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    shape = (h // merge, merge, w // merge, merge)
-    return rows.reshape(shape).transpose(1, 2).flatten(), cols.reshape(shape).transpose(1, 2).flatten()
 
 
 def vision_inv_freq(cfg: VisionEncoderConfig, device=None) -> torch.Tensor:
@@ -64,31 +57,7 @@ class VisionBlock(nn.Module):
     def _attention(self, x, cos, sin, sizes: list[int]) -> torch.Tensor:
         n, d = x.shape
         q, k, v = self.attn.qkv(x).view(n, 3, self.heads, d // self.heads).unbind(1)
-        q = apply_rope(q.float(), cos, sin).to(x.dtype)
-        k = apply_rope(k.float(), cos, sin).to(x.dtype)
-        outs = []
-        start = 0
-        for size in sizes:  # one attention per frame; padded batching is not worth it here
-            sl = slice(start, start + size)
-            o = sdpa(q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1))
-            outs.append(o.transpose(0, 1).reshape(size, d))
-            start += size
-        return self.attn.proj(torch.cat(outs))
-
-
-class PatchMerger(nn.Module):
-    def __init__(self, cfg: VisionEncoderConfig, norm_after_shuffle: bool):
-        super().__init__()
-        self.width = cfg.hidden_size * cfg.spatial_merge_size**2
-        self.norm_after_shuffle = norm_after_shuffle
-        self.ln_q = nn.LayerNorm(self.width if norm_after_shuffle else cfg.hidden_size, eps=1e-6)
-        self.mlp = nn.ModuleList([nn.Linear(self.width, self.width), nn.GELU(), nn.Linear(self.width, cfg.out_hidden_size)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.ln_q(x.reshape(-1, self.width)) if self.norm_after_shuffle else self.ln_q(x).reshape(-1, self.width)
-        for layer in self.mlp:
-            x = layer(x)
-        return x
+        return self.attn.proj(rope_windows_attention(q, k, v, cos, sin, sizes))
 
 
 class VisionEncoder(nn.Module):
@@ -101,8 +70,9 @@ class VisionEncoder(nn.Module):
         self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
         self.side = int(cfg.num_position_embeddings**0.5)
         self.blocks = nn.ModuleList([VisionBlock(cfg) for _ in range(cfg.depth)])
-        self.merger = PatchMerger(cfg, norm_after_shuffle=False)
-        self.merger_list = nn.ModuleList([PatchMerger(cfg, True) for _ in cfg.deepstack_visual_indexes])
+        self.merger = PatchMerger(cfg.hidden_size, cfg.spatial_merge_size, cfg.out_hidden_size)
+        self.merger_list = nn.ModuleList([PatchMerger(cfg.hidden_size, cfg.spatial_merge_size, cfg.out_hidden_size, True)
+                                           for _ in cfg.deepstack_visual_indexes])
         self.register_buffer("inv_freq", vision_inv_freq(cfg), persistent=False)
 
     @classmethod
@@ -157,43 +127,19 @@ class VisionEncoder(nn.Module):
         return (torch.cat(embeds), *cos_sin(angles, torch.float32))  # cos/sin [n, head_dim]
 
 
-class ImagePatchesEncoder:
-    """`BatchEncoder` for the encoder stage. Item: {"pixels": [t*h*w, C*T*P*P] float32,
-    "grid_thw": [t, h, w]}. Output, in the thinker's keys: {"image_embeds": [tokens, out_hidden],
-    "image_deepstack": [deepstack layers, tokens, out_hidden], "image_grid_thw": [1, 3]}.
-    A video's item adds {"kind": "video", "second_per_grid": float, "audio_tokens": int} and its
-    output has the `video_` keys, with `video_second_per_grid` [1] and `video_audio_tokens` [1]
-    (the thinker's M-RoPE needs both). Images and frames attend only to themselves: any batch works."""
+class ImagePatchesEncoder(PatchItemsEncoder):
+    """The encoder stage's `BatchEncoder` (omni/layers/vision_items.py). Output, in the thinker's keys:
+    {"image_embeds": [tokens, out_hidden], "image_deepstack": [deepstack layers, tokens, out_hidden],
+    "image_grid_thw": [1, 3]}. A video's item adds {"kind": "video", "second_per_grid": float,
+    "audio_tokens": int} and its output has the `video_` keys, with `video_second_per_grid` [1] and
+    `video_audio_tokens` [1] (the thinker's M-RoPE needs both)."""
 
-    def __init__(self, model: VisionEncoder):
-        self.model = model
-
-    def batch_key(self, item: dict) -> str:
-        pixels, grid = item.get("pixels"), item.get("grid_thw")
-        cfg = self.model.cfg
-        width = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
-        if pixels is None or grid is None or getattr(pixels, "ndim", 0) != 2 or pixels.shape[1] != width:
-            raise InvalidRequest(f"image item needs pixels [patches, {width}] and grid_thw")
-        t, h, w = (int(v) for v in np.asarray(grid).reshape(3))
-        if pixels.shape[0] != t * h * w or h % cfg.spatial_merge_size or w % cfg.spatial_merge_size:
-            raise InvalidRequest(f"pixels {list(pixels.shape)} do not fit grid {(t, h, w)}")
-        return "image"
-
-    def encode(self, items: list[dict]) -> list[dict]:
-        device = self.model.pos_embed.weight.device
-        pixels = [torch.as_tensor(np.asarray(it["pixels"], dtype=np.float32), device=device) for it in items]
-        grids = [tuple(int(v) for v in np.asarray(it["grid_thw"]).reshape(3)) for it in items]
-        outs = self.model(pixels, grids)
-        return [_output(o, grid, it) for o, grid, it in zip(outs, grids, items)]
-
-
-def _output(o: VisionOutput, grid: tuple[int, int, int], item: dict) -> dict:
-    kind = "video" if item.get("kind") == "video" else "image"
-    out = {f"{kind}_embeds": o.embeds,
-           f"{kind}_deepstack": torch.stack(o.deepstack) if o.deepstack else o.embeds.new_zeros(0, *o.embeds.shape),
-           f"{kind}_grid_thw": np.asarray([grid], dtype=np.int64)}
-    if kind == "video":
-        out["video_second_per_grid"] = np.asarray([float(item.get("second_per_grid", 1.0))], dtype=np.float64)
-        out["video_audio_tokens"] = np.asarray([int(item.get("audio_tokens", 0))], dtype=np.int64)
-    return out
-
+    def item_output(self, o: VisionOutput, grid: tuple[int, int, int], item: dict) -> dict:
+        kind = "video" if item.get("kind") == "video" else "image"
+        out = {f"{kind}_embeds": o.embeds,
+               f"{kind}_deepstack": torch.stack(o.deepstack) if o.deepstack else o.embeds.new_zeros(0, *o.embeds.shape),
+               f"{kind}_grid_thw": np.asarray([grid], dtype=np.int64)}
+        if kind == "video":
+            out["video_second_per_grid"] = np.asarray([float(item.get("second_per_grid", 1.0))], dtype=np.float64)
+            out["video_audio_tokens"] = np.asarray([int(item.get("audio_tokens", 0))], dtype=np.int64)
+        return out

@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from omni.stages.ar.args import ARArgs
 from omni.layers.fp8_format import METHODS as QUANTIZATIONS
-from omni.stages.args import EncoderArgs, LayerArgs, StageArgs, VocoderArgs, WeightArgs
+from omni.models.omni_args import EncoderPartArgs, PreprocessArgs
+from omni.models.omni_args import ThinkerArgs as OmniThinkerArgs
+from omni.stages.args import VocoderArgs, WeightArgs
 from omni.stages.codec_lm.args import CodecLMArgs
-
-
-@dataclass
-class PreprocessArgs(StageArgs):
-    """stages/preprocess_stage.py: chat template, tokenizer, media features."""
-
-    model_dir: str = ""  # the checkpoint directory (tokenizer, processor config)
-    voices: list[str] = field(default_factory=list)  # the talker's speakers; empty: the graph makes no audio
-    max_batch: int = 8  # requests prepared per step
-    max_prompt_tokens: int = 0  # the thinker's context: longer prompts are refused up front; 0 = unbounded
-
-
-@dataclass
-class EncoderPartArgs(WeightArgs, EncoderArgs):
-    """stages/encoders.py: the audio or the vision tower under the generic encoder stage."""
 
 
 @dataclass
@@ -32,10 +17,9 @@ class Code2WavArgs(WeightArgs, VocoderArgs):
 
 
 @dataclass
-class ThinkerArgs(WeightArgs, LayerArgs, ARArgs):
-    """stages/thinker_stage.py; eos_token_ids / tap_layers left empty come from the checkpoint."""
+class ThinkerArgs(OmniThinkerArgs):
+    """stages/thinker_stage.py; `model`: a built Qwen3OmniThinker (in-process)."""
 
-    model: Any = None  # in-process only: a built Qwen3OmniThinker instead of model_dir
     sglang_export_dir: str = ""  # where backend "sglang" exports the text model; "" = the cache dir
     quantization: str = ""  # "fp8": quantize a bf16 checkpoint at load (omni/layers/fp8.py); "" = the checkpoint's
 
@@ -58,3 +42,6 @@ class TalkerArgs(CodecLMArgs):
 def _check_quantization(value: str) -> None:
     if value and value not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS} or '', got {value!r}")
+
+
+__all__ = ["Code2WavArgs", "EncoderPartArgs", "PreprocessArgs", "TalkerArgs", "ThinkerArgs"]

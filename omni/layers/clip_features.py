@@ -7,6 +7,8 @@ chunk of the request; its numbers would change with each turn of a conversation,
 encoder's cache nor the thinker's prefix cache could reuse them. A request with one audio is exact
 against the processor; for several, see tests/test_audio_per_clip.py for the measured difference.
 The LRU saves re-extracting a conversation's earlier clips, which every turn re-sends.
+`pad_to_window`: the clip padded to the extractor's window first (`padding="max_length"`, as
+Qwen2.5-Omni's processor always pads), its valid frames kept.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ SAMPLE_RATE = 16000
 
 
 class ClipFeatures:
-    def __init__(self, extractor, max_bytes: int = 64 << 20) -> None:
+    def __init__(self, extractor, max_bytes: int = 64 << 20, pad_to_window: bool = False) -> None:
         self.extractor = extractor
+        self.padding = "max_length" if pad_to_window else True
         self.max_bytes = max_bytes
         self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._bytes = 0
@@ -36,7 +39,7 @@ class ClipFeatures:
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        fx = self.extractor([pcm], sampling_rate=SAMPLE_RATE, padding=True, truncation=False,
+        fx = self.extractor([pcm], sampling_rate=SAMPLE_RATE, padding=self.padding, truncation=self.padding == "max_length",
                             return_attention_mask=True, return_tensors="np")
         n = int(fx["attention_mask"][0].sum())
         out = np.ascontiguousarray(fx["input_features"][0, :, :n], dtype=np.float32)

@@ -1,4 +1,4 @@
-"""Images -> vision-encoder patches, as the Qwen2-VL image processor that Qwen3-Omni uses does
+"""Images -> vision-encoder patches, as the Qwen2-VL image processor that Qwen3-Omni and Qwen2.5-Omni use does
 (PIL + numpy only): RGB, resize so both sides are multiples of patch*merge within a pixel
 budget, rescale and normalise, then flatten patches in spatial-merge-block order.
 """
@@ -106,3 +106,13 @@ def _patchify(x: np.ndarray, cfg: ImagePatchConfig) -> ImagePatches:
     blocks = x.reshape(c, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
     blocks = np.broadcast_to(blocks[:, :, :, :, :, None], (*blocks.shape[:5], t, p, p))
     return ImagePatches(np.ascontiguousarray(blocks.reshape(gh * gw, c * t * p * p)), (1, gh, gw))
+
+
+def block_order_rows_cols(h: int, w: int, merge: int):
+    """(row, col) of every patch of an h x w grid, listed block by block (merge x merge): the order
+    `image_to_patches` lists patches in, and the vision encoders' positions."""
+    import torch
+
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    shape = (h // merge, merge, w // merge, merge)
+    return rows.reshape(shape).transpose(1, 2).flatten(), cols.reshape(shape).transpose(1, 2).flatten()
