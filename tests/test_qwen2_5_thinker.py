@@ -74,18 +74,20 @@ def _reference(hf, prompt, kwargs) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def _engine(thinker, budget: int = 64) -> AREngine:
+def _engine(thinker, budget: int = 64, **cfg) -> AREngine:
     return AREngine(thinker, EngineConfig(block_size=4, num_blocks=256, max_model_len=256,
-                                          max_num_batched_tokens=budget, eos_token_ids=(IDS["<|im_end|>"],)))
+                                          max_num_batched_tokens=budget, eos_token_ids=(IDS["<|im_end|>"],), **cfg))
 
 
-def _run(thinker, requests, budget: int = 64) -> list[list[int]]:
-    eng = _engine(thinker, budget)
+def _run(thinker, requests, budget: int = 64, stats: dict | None = None, **cfg) -> list[list[int]]:
+    eng = _engine(thinker, budget, **cfg)
     seqs = [eng.add_request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=MAX_NEW), inputs=inp)
             for i, (p, inp) in enumerate(requests)]
     while eng.has_unfinished():
         eng.step()
     assert eng.stats()["free_blocks"] == 256
+    if stats is not None:
+        stats.update(eng.stats())
     return [s.output_token_ids for s in seqs]
 
 
@@ -99,6 +101,10 @@ def test_greedy_tokens_equal_transformers(system):
     # batched together, chunked prefill (16-token budget), twice each: the same tokens
     batched = _run(thinker, [(p, inp) for p, _, inp in cases.values()] * 2, budget=16)
     assert batched == list(refs.values()) * 2
+    # the decode-graph path (its padded form runs eagerly on CPU) with lookahead steps: the same tokens
+    stats: dict = {}
+    graphed = _run(thinker, [(p, inp) for p, _, inp in cases.values()], stats=stats, cuda_graphs=True)
+    assert graphed == list(refs.values()) and stats["decode_graph_steps"] and stats["num_lookahead_steps"] > 3
 
 
 def test_encoders_match_transformers(system):

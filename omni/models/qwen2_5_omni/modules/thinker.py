@@ -43,6 +43,7 @@ class TextModel(nn.Module):
 class Qwen2_5OmniThinker(nn.Module, ThinkerLM, ARModel):
     supports_cuda_graphs = True  # decode reads no spans, no host syncs on CUDA
     decode_form = DecodeForm(embeds=False, pos_lead=(3,), pos_dtype=torch.float32)  # ids in, M-RoPE positions
+    lookahead_decode = True  # a decode step reads its ids (fed on the device) and host-known positions (lookahead.py)
 
     def __init__(self, cfg: ThinkerConfig, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
