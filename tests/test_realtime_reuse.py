@@ -112,3 +112,18 @@ def test_every_answer_is_spliced_and_its_stop_token_not_written_twice(ckpt):
             pre.tokenizer("y", add_special_tokens=False)["input_ids"])
     i, j = ref.index(x[0]), ref.index(y[0])
     assert ids == ref[:i] + stopped + ref[i + len(x) + 1:j] + cut + ref[j + len(y):]
+
+
+def test_an_answer_holding_a_media_placeholder_id_is_spliced_without_it(ckpt):
+    """A random-weight thinker can sample an input-only placeholder id (<|image_pad|> ...); the next
+    turn splices that answer's ids: without them, else the prompt would ask for an image it does not
+    carry (a Realtime turn was refused so: "the prompt has 1 image placeholders for 0 inputs")."""
+    pre = Preprocessor(ckpt)
+    media = [pre.audio_token_id, pre.image_token_id, pre.video_token_id]
+    answer = [200, media[1], 201, media[0], media[2], 202]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "token_ids": answer},
+                {"role": "user", "content": "and?"}]
+    ids = pre(chat_messages({"messages": messages})).input_ids.tolist()
+    clean = pre(chat_messages({"messages": [messages[0], {**messages[1], "token_ids": [200, 201, 202]},
+                                            messages[2]]})).input_ids.tolist()
+    assert ids == clean and not set(media) & set(ids)

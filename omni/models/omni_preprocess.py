@@ -126,6 +126,10 @@ class Preprocessor:
         messages, answers = with_sentinels(messages)  # earlier answers keep the ids generated
         if any(t >= self.vocab_size for ids in answers for t in ids):
             raise InvalidRequest(f"an assistant message's token_ids must be below the vocabulary size {self.vocab_size}")
+        # media placeholders are input-only: an answer that holds one (a random-weight model's) keeps the
+        # rest of its ids, or the prompt would ask for media it does not carry
+        media = {self.audio_token_id, self.image_token_id, self.video_token_id}
+        answers = [[t for t in ids if t not in media] for ids in answers]
         template_messages, clips, images, videos = self._split_media(messages)
         template_messages = render_messages(template_messages, self.content_format, self.placeholders)
         text = self.tokenizer.apply_chat_template(
