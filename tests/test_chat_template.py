@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import requests
 
-from omni.models.chat_template import OPENAI, STRING, content_format, render_messages
+from omni.layers.chat_template import OPENAI, STRING, content_format, render_messages
 from omni.layers.tokenizer_offline import CHAT_TEMPLATE
 from test_api_support import LiveServer
 

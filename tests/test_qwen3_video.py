@@ -30,7 +30,7 @@ from omni.api.media import MediaLimits, decode_audio_bytes
 from omni.models.qwen3_omni.checkpoint.make_tiny import PREPROCESSOR_CONFIG
 from omni.models.qwen3_omni.graph import build
 from omni.models.qwen3_omni.modules.video_patches import QwenFrameRule, VideoPatchConfig, video_to_patches
-from omni.models.video_frames import decode
+from omni.layers.video_frames import decode
 from qwen3_fixtures import IM_END, Oracle, params, summarize
 from test_api_qwen3 import ckpt, oracle  # noqa: F401 (fixtures: the tiny-b checkpoint and its oracle)
 from test_api_support import LiveServer
@@ -213,7 +213,7 @@ def test_prompt_layout_equals_transformers_processor(ckpt, oracle, use_audio, tr
 
 def test_a_container_that_states_no_frame_count_is_counted(ckpt):
     from omni.models.qwen3_omni.stages.preprocess import Preprocessor
-    from omni.models.video_frames import probe
+    from omni.layers.video_frames import probe
 
     mp4, mkv = (video_bytes(frames=10, fps=5, height=32, width=48, container=c) for c in ("mp4", "matroska"))
     info = probe(mkv, 100, 10**6)

@@ -5,7 +5,7 @@ pixels (`max_video_pixels`, 413), the frames it holds (`max_video_frames`, 413: 
 decoded once here to prove the file decodes) and its length (`max_video_seconds`, 413). A file
 FFmpeg cannot read, or one with no video stream, is a 400 `invalid_video`. It then travels on as
 the original file bytes; the model's preprocess samples and resizes the frames as its family's
-processor does (omni.models.video_frames). With `use_audio_in_video` its audio track is decoded
+processor does (omni.layers.video_frames). With `use_audio_in_video` its audio track is decoded
 here like any input audio (16 kHz mono, bounded by the request's `AudioBudget`) and rides with it;
 a video without an audio track is then taken without one, as transformers' processor does.
 What the request holds beyond its body (a fetched file, a decoded track) is held on the `uploads`
@@ -20,7 +20,7 @@ from dataclasses import replace
 from omni.api.errors import ApiError, bad_request, too_large
 from omni.api.media import (MODEL_AUDIO_RATE, AudioBudget, MediaLimits, audio_part, decode_audio, fetch_media,
                             off_loop, parse_media_url)
-from omni.models.video_frames import VideoDecodeError, VideoInfo, probe
+from omni.layers.video_frames import VideoDecodeError, VideoInfo, probe
 
 
 def check_video(raw: bytes, param: str, limits: MediaLimits) -> VideoInfo:

@@ -56,3 +56,13 @@ class ClipFeatures:
         while self._bytes > self.max_bytes:
             _, old = self._cache.popitem(last=False)
             self._bytes -= old.nbytes
+
+
+def log_mel_extractor(num_mel_bins: int, sampling_rate: int, settings: dict):
+    """transformers' Whisper feature extractor (the omni families' audio front end) with a
+    checkpoint's preprocessor settings (hop_length, n_fft, chunk_length, dither) where it gives them."""
+    from transformers import WhisperFeatureExtractor
+
+    return WhisperFeatureExtractor(feature_size=num_mel_bins, sampling_rate=sampling_rate,
+                                   **{k: settings[k] for k in ("hop_length", "n_fft", "chunk_length", "dither")
+                                      if k in settings})

@@ -19,14 +19,12 @@ from importlib import metadata
 from typing import Any
 
 from omni.kernel.registry import STAGES, StageKinds, resolve
+from omni.layers.chat_template import CHARS_PER_TOKEN
 
 __all__ = ["CHARS_PER_TOKEN", "REGISTRY", "ModelInfo", "Registry", "resolve"]
 
 log = logging.getLogger("omni.registry")
 
-# A token covers at most this many characters of ordinary text, so a prompt of more than
-# max_context * CHARS_PER_TOKEN characters cannot fit: refused before it is tokenized.
-CHARS_PER_TOKEN = 16
 
 
 @dataclass

@@ -19,8 +19,8 @@ from typing import Any
 
 from omni.kernel.errors import GraphError
 from omni.kernel.graph import Graph, StageSpec
-from omni.models.omni_graph import omni_edges
-from omni.models.omni_graph import settle as shared_settle
+from omni.stages.multimodal.graph import multimodal_edges
+from omni.stages.multimodal.graph import settle_context as shared_settle
 from omni.models.qwen2_5_omni.checkpoint.tiny_presets import RANDOM_MARKER, TINY_MARKER
 from omni.models.qwen2_5_omni.config import SPEAKERS_FILE, load_omni_config
 from omni.models.registry import ModelInfo
@@ -82,8 +82,9 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
                              "default_sampling": {"max_tokens": lengths["talker"]}}, capability="audio_output"),
             stage("token2wav", {"model_dir": model_dir}, capability="audio_output"),
         ]
-    graph = Graph(name=f"{FAMILY}-{variant}", stages=stages, edges=omni_edges("token2wav", speaks), entry="preprocess",
-                  needs="omni.models.omni_request:needs", media=["messages", "audio"])
+    graph = Graph(name=f"{FAMILY}-{variant}", stages=stages,
+                  edges=multimodal_edges("thinker", "talker", "token2wav", speaks), entry="preprocess",
+                  needs="omni.stages.multimodal.request:needs", media=["messages", "audio"])
     graph.validate()
     info = ModelInfo(
         id=options.get("model_id") or Path(model_dir).name, family=FAMILY, speaks=speaks, transcribes=True,
@@ -97,4 +98,4 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
 
 def settle(graph: Graph, info: ModelInfo) -> None:
     """The thinker's context bounds the prompts preprocess admits and is the model card's `max_context`."""
-    shared_settle(graph, info)
+    shared_settle(graph, info, "thinker")

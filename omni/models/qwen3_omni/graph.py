@@ -27,8 +27,8 @@ from typing import Any
 
 from omni.kernel.errors import GraphError
 from omni.kernel.graph import Graph, StageSpec
-from omni.models.omni_graph import omni_edges
-from omni.models.omni_graph import settle as shared_settle
+from omni.stages.multimodal.graph import multimodal_edges
+from omni.stages.multimodal.graph import settle_context as shared_settle
 from omni.models.registry import ModelInfo
 from omni.layers.openai_voices import openai_voices
 from omni.models.qwen3_omni.config import Qwen3OmniConfig, load_config
@@ -106,7 +106,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
             stage("code2wav", {"model_dir": model_dir, "first_chunk_frames": options.get("first_chunk_frames", 4),
                                "chunk_frames": options.get("chunk_frames", 12)}, capability="audio_output"),
         ]
-    graph = Graph(name=f"{FAMILY}-{variant}", stages=stages, edges=omni_edges("code2wav", speaks), entry="preprocess",
+    graph = Graph(name=f"{FAMILY}-{variant}", stages=stages,
+                  edges=multimodal_edges("thinker", "talker", "code2wav", speaks), entry="preprocess",
                   needs="omni.models.qwen3_omni.request:needs", media=["messages", "audio"])  # preprocess reads them
     graph.validate()
     info = ModelInfo(
@@ -132,7 +133,7 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
 
 def settle(graph: Graph, info: ModelInfo) -> None:
     """The thinker's context bounds the prompts preprocess admits and is the model card's `max_context`."""
-    shared_settle(graph, info)
+    shared_settle(graph, info, "thinker")
 
 
 def _audio_window(model_dir: str, cfg: Qwen3OmniConfig) -> dict[str, int]:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from omni.models.omni_args import EncoderPartArgs, PreprocessArgs, ThinkerArgs
+from omni.stages.multimodal.args import EncoderPartArgs, MultimodalLMArgs, PreprocessArgs
 from omni.stages.ar.args import ARArgs
 from omni.stages.args import DiffusionArgs, WeightArgs
 
 __all__ = ["EncoderPartArgs", "PreprocessArgs", "TalkerArgs", "ThinkerArgs", "Token2WavArgs"]
+
+ThinkerArgs = MultimodalLMArgs  # the thinker takes the shared multimodal LM stage's args as they are
 
 
 @dataclass

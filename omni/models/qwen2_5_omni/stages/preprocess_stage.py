@@ -1,4 +1,4 @@
-"""`PreprocessStage` of a Qwen2.5-Omni graph: the shared entry stage (omni/models/omni_preprocess_stage.py)
+"""`PreprocessStage` of a Qwen2.5-Omni graph: the shared entry stage (omni/stages/multimodal/preprocess_stage.py)
 with Qwen2.5-Omni's numbers. Each audio clip goes whole to the encoder as one chunk {"features"} (its
 log-mels as the reference's processor makes them: padded to 30 s, then cut to the clip's frames), each
 image as {"pixels", "grid_thw"}. The image items are the seam for video frames: a video's sampled frames,
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omni.models.omni_preprocess import Preprocessor, PromptSpec
-from omni.models.omni_preprocess_stage import PreprocessStage as SharedPreprocessStage
+from omni.stages.multimodal.preprocess import Preprocessor, PromptSpec
+from omni.stages.multimodal.preprocess_stage import PreprocessStage as SharedPreprocessStage
 from omni.models.qwen2_5_omni.config import load_omni_config
 from omni.models.qwen2_5_omni.modules.audio_encoder import token_count
 

@@ -24,7 +24,7 @@ import torch
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit
 from omni.models.loading import load_part
-from omni.models.omni_request import voice_of, wants_audio
+from omni.stages.multimodal.request import voice_of, wants_audio
 from omni.models.qwen2_5_omni.modules.talker import STATE_KEY, Qwen2_5OmniTalker, ThinkerRows, prompt_rows
 from omni.models.qwen2_5_omni.stages.args import TalkerArgs
 from omni.stages.ar.engine import StepOutput

@@ -1,4 +1,4 @@
-"""`ThinkerStage` of a Qwen2.5-Omni graph: the shared thinker stage (omni/models/omni_thinker_stage.py)
+"""`ThinkerStage` of a Qwen2.5-Omni graph: the shared thinker stage (omni/stages/multimodal/lm_stage.py)
 with Qwen2.5-Omni's thinker. EOS: the checkpoint's generation config (else the tokenizer's `<|im_end|>`);
 taps for the talker: 0 (embeddings) and the last (the final normed hidden), when it has a talker."""
 
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from omni.models.loading import load_part
-from omni.models.omni_thinker_stage import ThinkerStage as SharedThinkerStage
+from omni.stages.multimodal.lm_stage import MultimodalLMStage as SharedThinkerStage
 from omni.models.qwen2_5_omni.config import load_omni_config
 from omni.models.qwen2_5_omni.modules.thinker import Qwen2_5OmniThinker
 from omni.models.qwen2_5_omni.stages.args import ThinkerArgs

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from omni.layers.fp8_format import METHODS as QUANTIZATIONS
-from omni.models.omni_args import EncoderPartArgs, PreprocessArgs
-from omni.models.omni_args import ThinkerArgs as OmniThinkerArgs
+from omni.stages.multimodal.args import EncoderPartArgs, PreprocessArgs
+from omni.stages.multimodal.args import MultimodalLMArgs
 from omni.stages.args import VocoderArgs, WeightArgs
 from omni.stages.codec_lm.args import CodecLMArgs
 
@@ -17,7 +17,7 @@ class Code2WavArgs(WeightArgs, VocoderArgs):
 
 
 @dataclass
-class ThinkerArgs(OmniThinkerArgs):
+class ThinkerArgs(MultimodalLMArgs):
     """stages/thinker_stage.py; `model`: a built Qwen3OmniThinker (in-process)."""
 
     sglang_export_dir: str = ""  # where backend "sglang" exports the text model; "" = the cache dir

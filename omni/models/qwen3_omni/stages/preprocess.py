@@ -1,6 +1,6 @@
-"""Qwen3-Omni's `Preprocessor`: the shared one (omni/models/omni_preprocess.py) with Qwen3-Omni's
+"""Qwen3-Omni's `Preprocessor`: the shared one (omni/stages/multimodal/preprocess.py) with Qwen3-Omni's
 numbers (its audio encoder's rows per 100-frame chunk, token ids, patch sizes) and its videos: decoded
-by `omni.models.video_frames` with this family's frame rule and patchified by `video_patches`."""
+by `omni.layers.video_frames` with this family's frame rule and patchified by `video_patches`."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from omni.models.omni_preprocess import (AUDIO_TYPES, IMAGE_TYPES, SAMPLE_RATE, PromptSpec, ThinkerInputs, _audio_pcm,
+from omni.stages.multimodal.preprocess import (AUDIO_TYPES, IMAGE_TYPES, SAMPLE_RATE, PromptSpec, PromptInputs, _audio_pcm,
                                          resample)
-from omni.models.omni_preprocess import Preprocessor as SharedPreprocessor
+from omni.stages.multimodal.preprocess import Preprocessor as SharedPreprocessor
 from omni.kernel.errors import InvalidRequest
 from omni.layers.image_patches import ImagePatchConfig, smart_resize
-from omni.models.omni_preprocess import _read_preprocessor_config
+from omni.stages.multimodal.preprocess import _read_preprocessor_config
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.modules.video_patches import (DEFAULT_FPS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS,
                                                           QwenFrameRule, VideoPatchConfig, VideoPatches,
                                                           video_to_patches)
 
-__all__ = ["AUDIO_TYPES", "IMAGE_TYPES", "SAMPLE_RATE", "Preprocessor", "ThinkerInputs", "_audio_pcm",
+__all__ = ["AUDIO_TYPES", "IMAGE_TYPES", "SAMPLE_RATE", "Preprocessor", "PromptInputs", "_audio_pcm",
            "audio_token_count", "resample"]
 
 
@@ -58,7 +58,7 @@ class Preprocessor(SharedPreprocessor):
         """A video file's sampled frames as patches (an undecodable file is an InvalidRequest, and so
         is one whose tokens, counted before its frames are decoded, pass `max_video_tokens`); `fps`:
         the request's sampling rate instead of the checkpoint's (the processor's `fps` kwarg)."""
-        from omni.models.video_frames import VideoDecodeError, decode
+        from omni.layers.video_frames import VideoDecodeError, decode
 
         try:
             cfg = self.video_cfg if fps is None else replace(self.video_cfg, fps=float(fps))

@@ -1,4 +1,4 @@
-"""`PreprocessStage` of a Qwen3-Omni graph: the shared entry stage (omni/models/omni_preprocess_stage.py)
+"""`PreprocessStage` of a Qwen3-Omni graph: the shared entry stage (omni/stages/multimodal/preprocess_stage.py)
 with Qwen3-Omni's `Preprocessor`, its audio cut into the encoder's attention windows, and the encode task.
 
 - port `audio`: one chunk per attention window of each input audio {"features": [mel, frames]
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from omni.kernel.stage import Emit
-from omni.models.omni_preprocess_stage import PreprocessStage as SharedPreprocessStage
+from omni.stages.multimodal.preprocess_stage import PreprocessStage as SharedPreprocessStage
 
 __all__ = ["PreprocessStage"]
 
@@ -58,6 +58,6 @@ class PreprocessStage(SharedPreprocessStage):
 
 
 def _pcm16k(audio: dict[str, Any]) -> np.ndarray:
-    from omni.models.omni_preprocess import _audio_pcm
+    from omni.stages.multimodal.preprocess import _audio_pcm
 
     return _audio_pcm(audio)

@@ -1,4 +1,4 @@
-"""`ThinkerStage`: the Qwen3-Omni thinker as a stage (the shared omni_thinker_stage.py) on the built-in AR engine, or with
+"""`ThinkerStage`: the Qwen3-Omni thinker as a stage (the shared omni/stages/multimodal/lm_stage.py) on the built-in AR engine, or with
 `backend="sglang"` on SGLang's (text prompts: the thinker's text model is exported once as a
 Qwen3-MoE checkpoint, see export_text.py).
 
@@ -25,7 +25,7 @@ from functools import partial
 from omni.kernel.errors import GraphError
 from omni.kernel.stage import StageContext
 from omni.models.loading import load_format, load_part
-from omni.models.omni_thinker_stage import ThinkerStage as SharedThinkerStage
+from omni.stages.multimodal.lm_stage import MultimodalLMStage as SharedThinkerStage
 from omni.models.qwen3_omni.checkpoint.random_load import random_part
 from omni.models.qwen3_omni.config import load_config
 from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker

@@ -14,6 +14,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+# A token covers at most this many characters of ordinary text, so a prompt of more than
+# max_context * CHARS_PER_TOKEN characters cannot fit: refused before it is tokenized.
+CHARS_PER_TOKEN = 16
+
 OPENAI, STRING = "openai", "string"
 
 

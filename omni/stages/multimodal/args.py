@@ -11,7 +11,7 @@ from omni.stages.args import EncoderArgs, LayerArgs, StageArgs, WeightArgs
 
 @dataclass
 class PreprocessArgs(StageArgs):
-    """omni_preprocess_stage.py: chat template, tokenizer, media features."""
+    """preprocess_stage.py: chat template, tokenizer, media features."""
 
     model_dir: str = ""  # the checkpoint directory (tokenizer, processor config)
     voices: list[str] = field(default_factory=list)  # the talker's speakers; empty: the graph makes no audio
@@ -25,7 +25,7 @@ class EncoderPartArgs(WeightArgs, EncoderArgs):
 
 
 @dataclass
-class ThinkerArgs(WeightArgs, LayerArgs, ARArgs):
-    """omni_thinker_stage.py; eos_token_ids / tap_layers left empty come from the checkpoint."""
+class MultimodalLMArgs(WeightArgs, LayerArgs, ARArgs):
+    """lm_stage.py; eos_token_ids / tap_layers left empty come from the checkpoint."""
 
     model: Any = None  # in-process only: a built thinker instead of model_dir

@@ -14,8 +14,8 @@ image patches) on the compute thread. Per request it emits, in this order:
   "video_audio_tokens": [n]} when the prompt has images or videos (the talker's M-RoPE needs them);
 - port `prompt`: {"token_ids": int64 [n]} (placeholders expanded), and the request ends here.
 
-The encode task (omni_request.py `ENCODE`, a clip still being spoken) is a family's own
-(`encode_windows`; Qwen3-Omni's). args: `PreprocessArgs` (omni_args.py); a prompt longer than `max_prompt_tokens` is refused by its
+The encode task (request.py `ENCODE`, a clip still being spoken) is a family's own
+(`encode_windows`; Qwen3-Omni's). args: `PreprocessArgs` (args.py); a prompt longer than `max_prompt_tokens` is refused by its
 characters at open, else by its token count before anything is sent on.
 """
 
@@ -28,11 +28,11 @@ import numpy as np
 
 from omni.kernel.errors import InvalidRequest, OmniError
 from omni.kernel.stage import Emit, Stage, StageContext
-from omni.models.registry import CHARS_PER_TOKEN
-from omni.models.omni_preprocess import Preprocessor
-from omni.models.omni_request import (ENCODE, chat_messages, check_voice, completion_text, prompt_chars,
+from omni.layers.chat_template import CHARS_PER_TOKEN
+from omni.stages.multimodal.preprocess import Preprocessor
+from omni.stages.multimodal.request import (ENCODE, chat_messages, check_voice, completion_text, prompt_chars,
                                       wants_audio)
-from omni.models.omni_args import PreprocessArgs
+from omni.stages.multimodal.args import PreprocessArgs
 from omni.stages.args import coerce_args
 from omni.stages.threads import pin_torch_threads
 

@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from omni.kernel.errors import InvalidRequest
-from omni.models.chat_template import content_format, render_messages
+from omni.layers.chat_template import content_format, render_messages
 from omni.layers.prompt_splice import splice, with_sentinels
-from omni.layers.clip_features import ClipFeatures
+from omni.layers.clip_features import ClipFeatures, log_mel_extractor
 from omni.layers.image_patches import ImagePatchConfig, ImagePatches, image_to_patches
 
 SAMPLE_RATE = 16000
@@ -60,7 +60,7 @@ class PromptSpec:
 
 
 @dataclass
-class ThinkerInputs:
+class PromptInputs:
     input_ids: np.ndarray  # [n] int64, placeholders expanded
     audio_features: list[np.ndarray] = field(default_factory=list)  # each [128, frames] float32
     images: list[ImagePatches] = field(default_factory=list)
@@ -87,7 +87,7 @@ class Preprocessor:
     """Tokenizer + feature extractor + image patcher of one checkpoint; `__call__` is pure CPU."""
 
     def __init__(self, ckpt_dir: str | Path, spec: PromptSpec):
-        from transformers import AutoTokenizer, WhisperFeatureExtractor
+        from transformers import AutoTokenizer
 
         self.spec = spec
         self.tokenizer = AutoTokenizer.from_pretrained(str(ckpt_dir))
@@ -107,10 +107,7 @@ class Preprocessor:
             str(getattr(self.tokenizer, "audio_eos_token", None) or "<|audio_end|>"))
         self.positions_per_second = float(extra.get("position_id_per_seconds", PROCESSOR_POSITIONS_PER_SECOND))
         self.max_video_tokens = 0  # the thinker's context (PreprocessStage sets it): checked before decoding
-        self.feature_extractor = WhisperFeatureExtractor(
-            feature_size=spec.num_mel_bins, sampling_rate=SAMPLE_RATE,
-            **{k: extra[k] for k in ("hop_length", "n_fft", "chunk_length", "dither") if k in extra},
-        )
+        self.feature_extractor = log_mel_extractor(spec.num_mel_bins, SAMPLE_RATE, extra)
         self.clip_features = ClipFeatures(self.feature_extractor, pad_to_window=spec.pad_audio)
         self.image_cfg = ImagePatchConfig(
             patch_size=extra.get("patch_size", spec.patch_size),
@@ -122,7 +119,7 @@ class Preprocessor:
             image_std=tuple(extra.get("image_std", (0.5, 0.5, 0.5))),
         )
 
-    def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> ThinkerInputs:
+    def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> PromptInputs:
         messages, answers = with_sentinels(messages)  # earlier answers keep the ids generated
         if any(t >= self.vocab_size for ids in answers for t in ids):
             raise InvalidRequest(f"an assistant message's token_ids must be below the vocabulary size {self.vocab_size}")
@@ -137,7 +134,7 @@ class Preprocessor:
         ids = splice(text, answers, self._tokenize, self.special_ids)
         features = self.audio_features([a for _, a in clips])  # clips: (the video it is the track of, or None; pcm)
         patches = [image_to_patches(im, self.image_cfg) for im in images]
-        out = ThinkerInputs(np.zeros(0, dtype=np.int64), features, patches)
+        out = PromptInputs(np.zeros(0, dtype=np.int64), features, patches)
         out.audio_token_counts = [self.spec.audio_tokens(f.shape[1]) for f in features]
         out.image_token_counts = [p.num_tokens(self.image_cfg.merge_size) for p in patches]
         out.audio_slots = [i for i, (owner, _) in enumerate(clips) if owner is None]
@@ -161,10 +158,10 @@ class Preprocessor:
     def _tokenize(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
-    def raw(self, text: str) -> ThinkerInputs:
+    def raw(self, text: str) -> PromptInputs:
         """A text completion's prompt as it is: tokenized without the chat template, no media."""
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        out = ThinkerInputs(np.zeros(0, dtype=np.int64))
+        out = PromptInputs(np.zeros(0, dtype=np.int64))
         out.input_ids = self._expand(ids, out)  # a placeholder token in the text is refused
         return out
 
@@ -172,7 +169,7 @@ class Preprocessor:
         """[128, frames] log-mels per audio (16 kHz mono float32 in), each as if it came alone."""
         return [self.clip_features(a) for a in audios]
 
-    def _expand(self, ids: list[int], out: ThinkerInputs) -> np.ndarray:
+    def _expand(self, ids: list[int], out: PromptInputs) -> np.ndarray:
         audio_counts = [out.audio_token_counts[i] for i in out.audio_slots]  # the videos' clips are not in the text
         for token, counts, what in ((self.audio_token_id, audio_counts, "audio"),
                                     (self.image_token_id, out.image_token_counts, "image"),
@@ -195,7 +192,7 @@ class Preprocessor:
                 expanded.append(tok)
         return np.asarray(expanded, dtype=np.int64)
 
-    def _video_tokens(self, out: ThinkerInputs, v: int) -> list[int]:
+    def _video_tokens(self, out: PromptInputs, v: int) -> list[int]:
         """One video's placeholder, alone or interleaved with its audio (`replace_video_with_audio_token`)."""
         video, clip = out.videos[v], out.video_audio[v]
         merge = self.image_cfg.merge_size

@@ -1,4 +1,4 @@
-"""`ThinkerStage`: an omni family's thinker on the AR engine (Qwen3-Omni's, Qwen2.5-Omni's): what the
+"""`MultimodalLMStage`: an omni family's thinker on the AR engine (Qwen3-Omni's, Qwen2.5-Omni's): what the
 families' thinker stages share. A family subclasses it with its model (`build_model`), its EOS and the
 taps its talker takes (`checkpoint_defaults`).
 
@@ -8,7 +8,7 @@ encoder outputs arrive as chunks with the keys the thinker's `prepare` takes (`a
 images) is concatenated in arrival order, which must be prompt order. Sampling:
 `params["sampling"][<stage name>]` (omni/stages/sampling.py). Emits as `ARStage`: `text`
 {"token_ids", "text": the new text (detokenized incrementally, special tokens skipped; with a
-`model_dir`)}, `hidden` taps only for requests that want audio (`omni_request.wants_audio`); the
+`model_dir`)}, `hidden` taps only for requests that want audio (`request.wants_audio`); the
 request's End carries {"finish_reason", "usage": {"prompt_tokens", "completion_tokens"}}.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 from omni.kernel.stage import Emit, StageContext
 from omni.layers.fused_ops import use_fused_ops
 from omni.layers.moe_routed import use_moe_backend
-from omni.models.omni_request import ENCODE, wants_audio
+from omni.stages.multimodal.request import ENCODE, wants_audio
 from omni.stages.ar.config import EngineConfig
 from omni.stages.ar.detokenizer import TextStream, load_tokenizer
 from omni.stages.ar.engine import StepOutput
@@ -28,7 +28,7 @@ from omni.stages.ar.logprobs import describe
 from omni.stages.ar.stage import ARStage, copy_input
 
 
-class ThinkerStage(ARStage):
+class MultimodalLMStage(ARStage):
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
         self.tokenizer = None
