@@ -20,6 +20,16 @@ def test_its_activation_rounding_is_the_triton_kernels():
     torch.testing.assert_close(got, quantized_activations(x), rtol=0, atol=0)
 
 
+def test_one_row_has_the_outer_major_scale_strides_cublas_checks():
+    _, s = fp8_cublas.quantize_rows(torch.randn(1, 256))
+    assert s.shape == (1, 2) and s.stride() == (1, 1)
+
+
+def test_partial_blocks_never_reach_cublas():
+    w, scale = quantize_blocks(torch.randn(96, 128))  # N = 96: not whole 128-blocks
+    assert fp8_cublas.linear_or_none(torch.randn(2, 128), w, scale) is None
+
+
 def test_the_weight_scales_are_padded_to_four_k_blocks_and_transposed():
     scale = torch.arange(6.0).reshape(2, 3)
     got = fp8_cublas._weight_scales(scale)
@@ -41,6 +51,7 @@ def test_cublas_fp8_equals_the_reference_maths_on_the_gpu(rows, n, k):
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, k, generator=gen)
     w, scale = quantize_blocks(torch.randn(n, k, generator=gen) * 0.02)
-    want = reference_matmul(x, w, scale)
-    got = fp8_cublas.cublas_fp8_linear(x.cuda().bfloat16(), w.cuda(), scale.cuda()).float().cpu()
+    x = x.bfloat16()  # the reference rounds the same bf16 activations (bf16 then e4m3 rounds differently)
+    want = reference_matmul(x.float(), w, scale)
+    got = fp8_cublas.cublas_fp8_linear(x.cuda(), w.cuda(), scale.cuda()).float().cpu()
     assert (got - want).abs().max() <= 1e-2 * want.abs().max()

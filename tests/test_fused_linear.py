@@ -59,3 +59,15 @@ def test_models_fuse_only_where_the_fused_ops_run(monkeypatch):
     monkeypatch.setattr(fused_ops, "enabled", lambda x: True)  # as on CUDA with triton
     assert fuse_model_projections(model) == 2
     assert model[0].qkv_proj is not None and model[1].gate_up_proj is not None
+
+
+def test_a_second_engine_on_the_same_model_keeps_the_first_fused_weights(monkeypatch):
+    """A CUDA graph captured by the first engine reads the fused weight's memory: fusing again (a second
+    stage set up on the same model object) must leave that tensor in place, not allocate a new one."""
+    model = nn.Sequential(QKVProjection(16, 4, 2, 8, 1e-6), GatedMLP(16, 24))
+    monkeypatch.setattr(fused_ops, "enabled", lambda x: True)
+    assert fuse_model_projections(model) == 2
+    first = (model[0].qkv_proj.weight.data_ptr(), model[1].gate_up_proj.weight.data_ptr())
+    assert fuse_model_projections(model) == 2
+    assert (model[0].qkv_proj.weight.data_ptr(), model[1].gate_up_proj.weight.data_ptr()) == first
+    assert model[0].q_proj.weight.untyped_storage().data_ptr() == model[0].qkv_proj.weight.untyped_storage().data_ptr()

@@ -60,8 +60,10 @@ class QKVProjection(nn.Module):
         self.qkv_proj: nn.Linear | None = None  # q/k/v as one projection, once `fuse_projections` ran
 
     def fuse_projections(self) -> bool:
-        """q/k/v as one GEMM (a launch, not three); the three projections' weights become views of it."""
-        self.qkv_proj = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        """q/k/v as one GEMM (a launch, not three); the three projections' weights become views of it.
+        Once only (a second engine on the same model keeps the first one's graphs valid)."""
+        if self.qkv_proj is None:
+            self.qkv_proj = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
         return self.qkv_proj is not None
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:

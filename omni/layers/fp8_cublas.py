@@ -23,6 +23,7 @@ E4M3_MAX = 448.0
 ACT_EPS = 1e-10
 log = logging.getLogger("omni.fp8")
 _probed: dict[int, str | None] = {}  # device index -> None (usable) or why not
+_shapes: dict[tuple[int, int], bool] = {}  # (N, K) -> whether cuBLAS took it (tried eagerly once)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,7 +33,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     a = x.float().reshape(m, k // GROUP, GROUP)
     s = a.abs().amax(-1).clamp_min(ACT_EPS) / E4M3_MAX
     q = (a / s[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).reshape(m, k)
-    return q, s.t().contiguous().t()
+    outer_major = torch.empty_strided(s.shape, (1, m), dtype=s.dtype, device=s.device)  # strides (1, M), M = 1 too
+    return q, outer_major.copy_(s)
 
 
 def _weight_scales(scale: torch.Tensor) -> torch.Tensor:
@@ -55,6 +57,29 @@ def cublas_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     y = scaled_mm(q, weight.t(), s, ScalingType.BlockWise1x128, _weight_scales(scale), ScalingType.BlockWise128x128,
                   output_dtype=out_dtype)
     return y.to(x.dtype).reshape(*lead, weight.shape[0])
+
+
+def linear_or_none(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
+    """`cublas_fp8_linear` where cuBLAS takes this weight's shape, else None (the caller's Triton
+    kernel serves). cuBLAS refuses some shapes (CUBLAS_STATUS_NOT_SUPPORTED): each (N, K) is tried
+    once eagerly; a shape first met inside a graph capture is not tried there (an error would end
+    the capture) and takes the Triton kernel."""
+    n, k = weight.shape
+    if n % GROUP or k % GROUP:
+        return None  # partial blocks: the block-scaled layouts cover whole 128-blocks only
+    known = _shapes.get((n, k))
+    if known is False or (known is None and torch.cuda.is_current_stream_capturing()):
+        return None
+    if known:
+        return cublas_fp8_linear(x, weight, scale)
+    try:
+        y = cublas_fp8_linear(x, weight, scale)
+    except RuntimeError as exc:
+        log.warning("FP8 GEMM %dx%d: the Triton kernel (cuBLAS refused it: %s)", n, k, str(exc).splitlines()[0][:160])
+        _shapes[(n, k)] = False
+        return None
+    _shapes[(n, k)] = True
+    return y
 
 
 def usable(device: torch.device) -> bool:
@@ -83,11 +108,13 @@ def _probe(device: torch.device) -> str | None:
 
     try:
         gen = torch.Generator(device="cpu").manual_seed(0)
-        x = torch.randn(48, 384, generator=gen)
-        w, scale = quantize_blocks(torch.randn(256, 384, generator=gen) * 0.05)
-        want = reference_matmul(x, w, scale)
-        got = cublas_fp8_linear(x.to(device, torch.bfloat16), w.to(device), scale.to(device)).float().cpu()
+        # groups and blocks of very different scales, so that a scale read from the wrong block shows
+        x = (torch.randn(48, 384, generator=gen) * torch.logspace(-2, 1, 3).repeat_interleave(GROUP)).bfloat16()
+        w = torch.randn(256, 384, generator=gen) * torch.logspace(-3, 0, 6).reshape(2, 1, 3, 1).expand(2, 128, 3, 128).reshape(256, 384)
+        w, scale = quantize_blocks(w)
+        want = reference_matmul(x.float(), w, scale)  # from the same bf16 activations
+        got = cublas_fp8_linear(x.to(device), w.to(device), scale.to(device)).float().cpu()
         err = (got - want).abs().max().item() / max(want.abs().max().item(), 1e-6)
-        return None if err <= 2e-2 else f"probe differs from the reference by {err:.3g} of its peak"
+        return None if err <= 1e-2 else f"probe differs from the reference by {err:.3g} of its peak"
     except Exception as exc:  # an older torch, a GPU without block-scaled FP8, a refused layout
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"

@@ -172,7 +172,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
         from omni.layers import fp8_cublas
 
         if fp8_cublas.usable(x.device):
-            return fp8_cublas.cublas_fp8_linear(x, weight, scale)
+            y = fp8_cublas.linear_or_none(x, weight, scale)
+            if y is not None:
+                return y
     if x.is_cuda and triton is not None:
         return block_fp8_matmul(x, weight, scale)
     if env.triton_interpret() and triton is not None:

@@ -24,8 +24,10 @@ class GatedMLP(nn.Module):
         self.gate_up_proj: nn.Linear | None = None  # gate and up as one projection, once fused
 
     def fuse_projections(self) -> bool:
-        """gate and up as one GEMM; their weights become views of it."""
-        self.gate_up_proj = fuse_linears(self.gate_proj, self.up_proj)
+        """gate and up as one GEMM; their weights become views of it. Once only: a second engine on
+        the same model must not re-fuse (graphs captured by the first read the fused weight's memory)."""
+        if self.gate_up_proj is None:
+            self.gate_up_proj = fuse_linears(self.gate_proj, self.up_proj)
         return self.gate_up_proj is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
