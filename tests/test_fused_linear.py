@@ -71,3 +71,13 @@ def test_a_second_engine_on_the_same_model_keeps_the_first_fused_weights(monkeyp
     assert fuse_model_projections(model) == 2
     assert (model[0].qkv_proj.weight.data_ptr(), model[1].gate_up_proj.weight.data_ptr()) == first
     assert model[0].q_proj.weight.untyped_storage().data_ptr() == model[0].qkv_proj.weight.untyped_storage().data_ptr()
+
+
+def test_parts_replaced_since_the_fusion_are_fused_again_or_not_at_all(monkeypatch):
+    """Quantizing q/k/v in place (FP8 modules, not nn.Linear) after an engine fused them: the next fusion
+    drops the stale bf16 projection rather than keep computing with it."""
+    attn = QKVProjection(16, 4, 2, 8, 1e-6)
+    monkeypatch.setattr(fused_ops, "enabled", lambda x: True)
+    assert fuse_model_projections(attn) == 1
+    attn.q_proj = nn.Identity()  # stands for an in-place replacement (e.g. Fp8Linear)
+    assert fuse_model_projections(attn) == 0 and attn.qkv_proj is None

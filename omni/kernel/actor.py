@@ -61,6 +61,7 @@ class Actor:
         self._opened: dict[str, m.RequestOpen] = {}  # rid -> its Open (skip list, replicas), while open here
         self._final_buffers: dict[tuple[str, int], list[dict[str, Any]]] = {}  # (rid, edge id) -> data
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"compute-{self.name}")
+        self._held: list[tuple[Any, list[Chunk]]] = []  # (mark, credits) until the GPU has read those rows
         self._stopping = asyncio.Event()
         self._main_task: asyncio.Task | None = None
         self.lanes = LaneClock("setup", ("emit", "idle", "compute", "credit_wait"))  # where the loop's time goes
@@ -293,23 +294,33 @@ class Actor:
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
             if not self.driver.wants_step():
+                if self._held:  # nothing to do: wait for the GPU reads of the credits held back
+                    marks = [mk for mk, _ in self._held if mk is not None]
+                    await self.lanes.wait("compute", loop.run_in_executor(self._pool, lambda: [mk.wait() for mk in marks]))
+                    self._send_credits()
                 self._wake.clear()
                 if not self.driver.wants_step():
                     await self.lanes.wait("idle", self._wake.wait())
                     continue
-            emits, taken = await self.lanes.wait("compute", loop.run_in_executor(self._pool, self._step))
-            for chunk in (c for c in taken if c.producer):  # the rows of a batch but its last owe none
-                self.outbox.send(chunk.producer, m.EdgeCredit(chunk.edge, self.name, chunk.tokens))
+            emits, taken, mark = await self.lanes.wait("compute", loop.run_in_executor(self._pool, self._step))
+            credits = [c for c in taken if c.producer]  # the rows of a batch but its last owe none
+            if credits:
+                self._held.append((mark, credits))
+            self._send_credits()
             for emit in emits:
                 await self._emit(emit)
 
-    def _step(self) -> tuple[list[Emit], list[Chunk]]:
-        """One round of the driver, in the compute thread; GPU reads of the chunks it took finish
-        before their slots go back."""
+    def _step(self) -> tuple[list[Emit], list[Chunk], Any]:
+        """One round of the driver, in the compute thread, and the mark its GPU reads of the chunks it
+        took must pass before their slots go back (None: no GPU reads)."""
         emits, taken = self.driver.run_once()
-        if taken and self.readers.fence is not None:
-            self.readers.fence()
-        return emits, taken
+        return emits, taken, self.readers.mark() if taken and self.readers.mark is not None else None
+
+    def _send_credits(self) -> None:
+        """The held credits whose GPU reads are done, oldest first (the host never waits for them)."""
+        while self._held and (self._held[0][0] is None or self._held[0][0].done()):
+            for chunk in self._held.pop(0)[1]:
+                self.outbox.send(chunk.producer, m.EdgeCredit(chunk.edge, self.name, chunk.tokens))
 
     async def _heartbeat_loop(self) -> None:
         while True:

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from omni.layers import fused_ops
-from omni.layers.fused_linear import fuse_linears
+from omni.layers.fused_linear import fuse_linears, still_fused
 from omni.layers.norms import RMSNorm
 from omni.layers.rotary import apply_rope
 
@@ -61,8 +61,8 @@ class QKVProjection(nn.Module):
 
     def fuse_projections(self) -> bool:
         """q/k/v as one GEMM (a launch, not three); the three projections' weights become views of it.
-        Once only (a second engine on the same model keeps the first one's graphs valid)."""
-        if self.qkv_proj is None:
+        Once per set of parts (a second engine on the same model keeps the first one's graphs valid)."""
+        if not still_fused(self.qkv_proj, self.q_proj, self.k_proj, self.v_proj):
             self.qkv_proj = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
         return self.qkv_proj is not None
 

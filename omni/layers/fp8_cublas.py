@@ -115,6 +115,7 @@ def _probe(device: torch.device) -> str | None:
         want = reference_matmul(x.float(), w, scale)  # from the same bf16 activations
         got = cublas_fp8_linear(x.to(device), w.to(device), scale.to(device)).float().cpu()
         err = (got - want).abs().max().item() / max(want.abs().max().item(), 1e-6)
-        return None if err <= 1e-2 else f"probe differs from the reference by {err:.3g} of its peak"
+        # a scale read from the wrong block is off by 10-1000x here; cuBLAS's own rounding measured 1.05 % (H200)
+        return None if err <= 2e-2 else f"probe differs from the reference by {err:.3g} of its peak"
     except Exception as exc:  # an older torch, a GPU without block-scaled FP8, a refused layout
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"

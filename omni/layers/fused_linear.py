@@ -40,6 +40,16 @@ def fuse_linears(*parts: nn.Linear) -> nn.Linear | None:
     return fused
 
 
+def still_fused(fused: nn.Linear | None, *parts: nn.Module) -> bool:
+    """Whether `fused` is the fused projection of `parts` as they are now (their weights still views
+    of its): fusing again must keep it (a CUDA graph captured by an earlier engine reads its memory),
+    while parts replaced since (e.g. quantized to FP8 in place) need a new fusion, or none."""
+    if fused is None or not all(type(p) is nn.Linear for p in parts):
+        return False
+    ptr = fused.weight.untyped_storage().data_ptr()
+    return all(p.weight.untyped_storage().data_ptr() == ptr for p in parts)
+
+
 def fuse_model_projections(model: nn.Module) -> int:
     """Fuse every module's projections (`fuse_projections`) where its weights are on CUDA and the fused
     ops are on (a stage's `fused_ops=false` keeps them apart); returns how many modules fused."""

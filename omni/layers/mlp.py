@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni.layers.fused_linear import fuse_linears
+from omni.layers.fused_linear import fuse_linears, still_fused
 
 # config `hidden_act` names -> functions (transformers' meanings)
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
@@ -24,9 +24,9 @@ class GatedMLP(nn.Module):
         self.gate_up_proj: nn.Linear | None = None  # gate and up as one projection, once fused
 
     def fuse_projections(self) -> bool:
-        """gate and up as one GEMM; their weights become views of it. Once only: a second engine on
-        the same model must not re-fuse (graphs captured by the first read the fused weight's memory)."""
-        if self.gate_up_proj is None:
+        """gate and up as one GEMM; their weights become views of it. Once per set of parts: a second
+        engine on the same model keeps it (graphs captured by the first read its memory)."""
+        if not still_fused(self.gate_up_proj, self.gate_proj, self.up_proj):
             self.gate_up_proj = fuse_linears(self.gate_proj, self.up_proj)
         return self.gate_up_proj is not None
 

@@ -6,8 +6,9 @@ Producer side: `writer.write(name, array) -> (PayloadDesc, frames)` places one a
 (raising `ChannelFull` when its arena has no room: the actor then waits for credits) and
 `writer.free(token)` takes a slot back when the consumer's credit names it.
 Consumer side: `reader.read(desc, frames) -> array` gives a view that stays valid until
-the consumer returns `reader.token(desc)` in a credit; a reader may have `fence()`, which the
-consumer's compute thread calls before it returns credits (GPU reads must finish first).
+the consumer returns `reader.token(desc)` in a credit; a reader may have `mark()`, which the
+consumer's compute thread calls after a step: the step's credits go back once the mark is `done()`
+(GPU reads must finish first; the host does not wait for them while it has work).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class Readers:
 
     def __init__(self, device: str | None = None) -> None:
         self._open: dict[str, Any] = {}
-        self.fence: Any = None  # the fence of a reader that has one (cuda_ipc)
+        self.mark: Any = None  # the mark() of a reader that has one (cuda_ipc)
         self.device = device  # this replica's device: cuda_ipc copies tensors of another GPU's pool there
 
     def get(self, channel: str) -> Any:
@@ -83,7 +84,7 @@ class Readers:
             reader = self._open[channel] = load_channel(channel).reader()
             if hasattr(reader, "device"):
                 reader.device = self.device
-            self.fence = getattr(reader, "fence", self.fence)
+            self.mark = getattr(reader, "mark", self.mark)
         return self._open[channel]
 
     def token(self, desc: PayloadDesc) -> int | None:

@@ -115,6 +115,7 @@ class CudaIpcWriter:
         self._device = device
         self._pool: Any = None
         self._events: list[Any] = []
+        self._copy_stream: Any = None  # host sources' copies into the pool (made on first use)
         self._lock = threading.Lock()
         self._finalizer: weakref.finalize | None = None
         self._closed = False
@@ -173,9 +174,17 @@ class CudaIpcWriter:
         event_index = token % EVENT_RING
         src = tensor.contiguous().reshape(-1).view(torch.uint8)
         with torch.cuda.device(self._pool.device):
-            # A CPU source is copied synchronously: the caller may reuse its memory at once.
-            self._pool[offset : offset + nbytes].copy_(src, non_blocking=src.is_cuda)
-            self._events[event_index].record()
+            if src.is_cuda:
+                self._pool[offset : offset + nbytes].copy_(src, non_blocking=True)
+                self._events[event_index].record()
+            else:  # staged in pinned memory (the caller may reuse its own at once), copied on a stream of
+                # the writer's: a blocking copy would wait for every kernel queued on the compute stream
+                # (a decode step launched ahead, omni/stages/ar/lookahead.py)
+                staged = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).copy_(src)
+                stream = self._copy_stream = self._copy_stream or torch.cuda.Stream(self._pool.device)
+                with torch.cuda.stream(stream):
+                    self._pool[offset : offset + nbytes].copy_(staged, non_blocking=True)
+                    self._events[event_index].record(stream)
         desc.offset = offset
         desc.extra = _EXTRA.pack(token, event_index)
         return desc, []
@@ -245,6 +254,20 @@ def copy_to_device(view: Any, device: Any) -> Any:
     return out
 
 
+class StreamMark:
+    """CUDA events recorded on a consumer's streams (`CudaIpcReader.mark`)."""
+
+    def __init__(self, events: list[Any]) -> None:
+        self.events = events
+
+    def done(self) -> bool:
+        return all(e.query() for e in self.events)
+
+    def wait(self) -> None:
+        for e in self.events:
+            e.synchronize()
+
+
 class CudaIpcReader:
     """Consumer side: opens each producer's pool once and hands out views into it (or, when the
     consumer's `device` is another GPU, copies onto that GPU)."""
@@ -302,9 +325,17 @@ class CudaIpcReader:
 
     def fence(self) -> None:
         """Block until work queued so far on the current streams has finished (before credits)."""
+        self.mark().wait()
+
+    def mark(self) -> "StreamMark":
+        """The point reached by work queued so far on the current streams: credits for the views read
+        until now go back once it is `done()`, without blocking on kernels queued ahead of it."""
         torch = _torch()
+        events = []
         for device in {pool.device for pool in self._pools.values()}:
-            torch.cuda.current_stream(device).synchronize()
+            events.append(torch.cuda.Event())
+            events[-1].record(torch.cuda.current_stream(device))
+        return StreamMark(events)
 
     def pool_range(self, segment: str) -> tuple[int, int]:
         """(device pointer, bytes) of an opened pool (diagnostics and zero-copy tests)."""
