@@ -2,7 +2,8 @@
 through omni's graph equal transformers' `Qwen2_5OmniForConditionalGeneration` on the same video, with
 and without `use_audio_in_video`, on both tiny presets: the prompt's token layout (the track interleaved
 in 2 s chunks), pixels and M-RoPE positions; greedy thinker tokens; the talker's greedy codes; a
-`video_url` part over HTTP (the `openai` client) and an undecodable or too long video refused.
+`video_url` part over HTTP (the `openai` client); each bound (pixels, frames, seconds, the context) and an
+undecodable video refused with its 4xx.
 
 transformers' inputs come from its own `Qwen2_5OmniProcessor` (token layout, chunked interleaving,
 `video_second_per_grid`) and its own `get_rope_index`. Its video processor (`Qwen2VLVideoProcessor`)
@@ -25,6 +26,7 @@ import openai
 import pytest
 import requests
 
+from omni.api.app import ServerConfig
 from omni.api.media import MediaLimits, decode_audio_bytes
 from omni.layers.mrope_index import VisionGrid, rope_index
 from omni.layers.video_frames import decode
@@ -35,6 +37,7 @@ from omni.models.qwen2_5_omni.stages.preprocess_stage import preprocessor
 from qwen2_5_fixtures import Oracle25
 from qwen3_fixtures import IM_END, LoopThread, RunningKernel, expose_codes, params, summarize
 from test_api_qwen2_5 import ckpt, server  # noqa: F401 (fixtures: a served tiny-a checkpoint)
+from test_api_support import LiveServer
 from video_fixtures import video_bytes
 
 pytest.importorskip("transformers")
@@ -256,19 +259,34 @@ def test_video_url_over_http_equals_transformers(server, ckpt, clips):  # noqa: 
     assert resp.usage.completion_tokens == len(tokens)
 
 
-BAD = {  # name: (url, status, code)
+BAD = {  # name: (a video_bytes shape or a url, status, code); the bounds: a server with tight `MediaLimits`
+    "pixels": (dict(frames=4, fps=4, height=64, width=64), 413, "too_large"),
+    "frames": (dict(frames=14, fps=10, height=16, width=16), 413, "too_large"),
+    "seconds": (dict(frames=6, fps=2, height=16, width=16), 413, "too_large"),
     "undecodable": (data_url(b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 8), 400, "invalid_video"),
     "not a video data url": (data_url(b"x", "image/png"), 400, "invalid_video"),
     "file path": ("file:///etc/passwd", 400, "video_url_not_allowed"),
 }
+TIGHT = MediaLimits(max_video_pixels=64 * 48, max_video_frames=12, max_video_seconds=2.5)
+
+
+@pytest.fixture(scope="module")
+def tight(ckpt):  # noqa: F811
+    with LiveServer(mode="inline", build=lambda: build(ckpt, "text"), config=ServerConfig(port=0, limits=TIGHT)) as srv:
+        yield srv
+
+
+def post(server, url: str) -> requests.Response:
+    body = {"model": server.info.id, "max_tokens": 2, "modalities": ["text"],
+            "messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}]}]}
+    return requests.post(server.url + "/v1/chat/completions", json=body, timeout=60)
 
 
 @pytest.mark.parametrize("name", list(BAD))
-def test_bad_video_is_a_4xx(server, name):  # noqa: F811
-    url, status, code = BAD[name]
-    body = {"model": server.info.id, "max_tokens": 2, "modalities": ["text"],
-            "messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}]}]}
-    resp = requests.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+def test_bad_video_is_a_4xx(tight, clips, name):
+    video, status, code = BAD[name]
+    resp = post(tight, data_url(video_bytes(**video)) if isinstance(video, dict) else video)
     error = resp.json()["error"]
     assert resp.status_code == status and error["code"] == code, error
     assert error["param"] == "messages[0].content[0].video_url.url"
+    assert post(tight, data_url(clips["silent"])).status_code == 200  # within every bound
