@@ -62,7 +62,7 @@ class Oracle25(Oracle):
 
 def _hf_processor(tokenizer):
     """transformers' Qwen2.5-Omni processor. Its video processor needs torchvision, so the class check that
-    insists on one is bypassed during construction; videos are never passed."""
+    insists on one is bypassed during construction (tests/test_qwen2_5_video.py hands it a stand-in for videos)."""
     from transformers import WhisperFeatureExtractor
     from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import Qwen2_5OmniProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil

@@ -29,7 +29,7 @@ from omni.api.app import ServerConfig
 from omni.api.media import MediaLimits, decode_audio_bytes
 from omni.models.qwen3_omni.checkpoint.make_tiny import PREPROCESSOR_CONFIG
 from omni.models.qwen3_omni.graph import build
-from omni.models.qwen3_omni.modules.video_patches import QwenFrameRule, VideoPatchConfig, video_to_patches
+from omni.layers.video_patches import FpsFrameRule, VideoPatchConfig, video_to_patches
 from omni.layers.video_frames import decode
 from qwen3_fixtures import IM_END, Oracle, params, summarize
 from test_api_qwen3 import ckpt, oracle  # noqa: F401 (fixtures: the tiny-b checkpoint and its oracle)
@@ -84,7 +84,7 @@ def hf_inputs(oracle: Oracle, video: bytes, text: str, use_audio: bool, fps: flo
     """transformers' processor on one video (+ its track) and a question, called with `fps`."""
     from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
 
-    frames = decode(video, QwenFrameRule(replace(CFG, fps=fps))).frames
+    frames = decode(video, FpsFrameRule(replace(CFG, fps=fps))).frames
     proc = oracle.processor
     with mock.patch.object(proc, "video_processor", FramesToPatches(), create=True), \
             mock.patch.object(Qwen3OmniMoeProcessor, "check_argument_for_proper_class", lambda *a: None):
@@ -362,7 +362,7 @@ def test_frames_equal_transformers_video_processor():
                                             (9, 3, 40, 200, 128 * 32 * 32, 768 * 32 * 32, 2.0)]:
         raw = video_bytes(frames=frames, fps=fps, height=h, width=w, seed=3)
         cfg = VideoPatchConfig(min_pixels=lo, max_pixels=hi, fps=rate)
-        ours = video_to_patches(decode(raw, QwenFrameRule(cfg)).frames, cfg)
+        ours = video_to_patches(decode(raw, FpsFrameRule(cfg)).frames, cfg)
         with av.open(io.BytesIO(raw)) as c:  # every frame, as transformers' PyAV reader sees the file
             every = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
             st = c.streams.video[0]

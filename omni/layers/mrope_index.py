@@ -12,6 +12,9 @@ A video with its audio track (`use_audio_in_video`) is one run of video and audi
 token k sits at `start + k` on all axes, the video tokens as above from the same `start`, the two
 merged in position order (video first on ties), as transformers' Qwen3-Omni `get_rope_index` does; the
 next token then continues at (largest position of the run's last piece) + 1, as it does too.
+Qwen2.5-Omni (`RopeTokens.audio_chunk`) orders the run in chunks instead (av_interleave.py: each chunk's
+video, then its audio), and gives the run's two start tokens (vision, audio) one position and its two
+end tokens one position, as its `get_rope_index` does.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from omni.kernel.errors import InvalidRequest
+from omni.layers.av_interleave import VIDEO, chunked_pieces
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class RopeTokens:
     spatial_merge_size: int
     integer_time: bool = False  # temporal positions truncated to integers (Qwen2.5-Omni's `.long()`)
     audio_token_id: int = -1  # only needed for videos with their audio
+    audio_chunk: int = 0  # > 0: a video and its audio interleave in chunks of this many positions (Qwen2.5-Omni)
 
 
 def rope_index(
@@ -81,6 +86,15 @@ def rope_index(
                     run.count(tokens.audio_token_id) != grid.audio_tokens:
                 raise InvalidRequest(f"video grid {grid} with its audio needs {n} interleaved video and audio "
                                      f"tokens at {i}")
+            if tokens.audio_chunk:
+                if i < 2 or i + n + 2 > len(token_ids):
+                    raise InvalidRequest(f"video grid {grid} with its audio needs two start and two end tokens")
+                start = next_pos - 1  # the audio start token takes the vision start token's position
+                out[:, i - 1] = start - 1
+                out[:, i : i + n], end = _in_chunks(grid, gh, gw, tokens, start)
+                out[:, i + n : i + n + 2] = end  # and the two end tokens share one
+                next_pos, i = end + 1, i + n + 2
+                continue
             out[:, i : i + n], next_pos = _with_audio(grid, gh, gw, tokens, next_pos)
             i += n
             continue
@@ -125,4 +139,15 @@ def _with_audio(grid: VisionGrid, gh: int, gw: int, tokens: RopeTokens, start: t
         pieces.append(video[:, v:])
     if a < audio.shape[1]:
         pieces.append(audio[:, a:])
+    return torch.cat(pieces, dim=1), pieces[-1].max() + 1
+
+
+def _in_chunks(grid: VisionGrid, gh: int, gw: int, tokens: RopeTokens, start: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions [3, video + audio tokens] of a video and its audio in chunks (av_interleave.py), and the
+    position after the run's last piece (its end tokens')."""
+    video = _vision_block(grid.t, gh, gw, grid.seconds_per_grid, tokens, start)
+    audio = torch.arange(grid.audio_tokens, dtype=torch.float32).expand(3, -1) + start
+    pieces = [(video if kind == VIDEO else audio)[:, a:b]
+              for kind, a, b in chunked_pieces((video[0] - start).tolist(), grid.audio_tokens, tokens.audio_chunk)]
     return torch.cat(pieces, dim=1), pieces[-1].max() + 1

@@ -5,7 +5,7 @@ way transformers' PyAV reader does (`stream.frames` and `stream.average_rate`; a
 does not state its frame count is counted by decoding it), decoding only up to the last frame a
 family's sampling rule picks, converting those frames to RGB24 arrays, and decoding the audio
 track. Which frames to keep (`FrameRule.indices`) and how to resize and patchify them is the
-family's (e.g. `omni.models.qwen3_omni.modules.video_patches`); each kept frame goes through the
+family's (`omni.layers.video_patches`, with a family's pixel budget); each kept frame goes through the
 family's `FrameRule.frame` as it is decoded, so a long video never holds its full-size frames.
 
 `probe` reads only what bounds need (size, frame count, duration, an audio stream) and decodes

@@ -40,7 +40,19 @@ class PatchItemsEncoder:
         return [self.item_output(o, grid, it) for o, grid, it in zip(self.model(pixels, grids), grids, items)]
 
     def item_output(self, out, grid: tuple[int, int, int], item: dict) -> dict:
-        return {"image_embeds": out, "image_grid_thw": np.asarray([grid], dtype=np.int64)}
+        """{"<kind>_embeds", "<kind>_grid_thw"}; a video's item ({"kind": "video", "second_per_grid",
+        "audio_tokens"}) adds `video_second_per_grid` [1] and `video_audio_tokens` [1] (the thinker's M-RoPE
+        needs both)."""
+        kind = item_kind(item)
+        result = {f"{kind}_embeds": out, f"{kind}_grid_thw": np.asarray([grid], dtype=np.int64)}
+        if kind == "video":
+            result["video_second_per_grid"] = np.asarray([float(item.get("second_per_grid", 1.0))], dtype=np.float64)
+            result["video_audio_tokens"] = np.asarray([int(item.get("audio_tokens", 0))], dtype=np.int64)
+        return result
+
+
+def item_kind(item: dict) -> str:
+    return "video" if item.get("kind") == "video" else "image"
 
 
 class PatchMerger(nn.Module):

@@ -4,6 +4,7 @@
         |      --image--> vision_encoder --embeds--^   |
         |      --prompt-----------------------------^   +--hidden--> talker --codes--> token2wav --audio--> (client)
 
+Port `image` carries images and videos (a video's frames as patches, with its seconds per grid).
 Variants: `speech` (default when the checkpoint has a talker and token2wav: text and audio out) and
 `text` (thinker only: the talker and token2wav are neither in the graph nor loaded). Every stage loads
 only its own weights. Options as Qwen3-Omni's graph takes them: `device`, `dtype`, `model_id`,

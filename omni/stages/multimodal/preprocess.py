@@ -11,28 +11,31 @@ the thinker's prefix-cache keys, do not depend on what else the request holds, s
 next turn reuses them. Images are patchified by `image_patches`.
 
 Videos (`{"type": "video", "data": file bytes, "audio": {"pcm", "sample_rate"} | absent, "fps": frames
-a second | absent}`) are decoded and patchified by a family that serves them (`video_patches`; the
-others refuse them); a `<|video_pad|>` becomes t*h*w / merge^2 video tokens, or, when the video comes
-with its audio track (use_audio_in_video), `<|audio_start|>` + video and audio tokens interleaved
-in time order + `<|audio_end|>`, as transformers' processor writes it (the track is one more audio
-clip, in prompt order, through the audio encoder).
+a second | absent}`) are decoded (omni/layers/video_frames.py) and patchified (video_patches.py) for a
+family whose `PromptSpec.video_pixels` gives its processor's pixel budget (the others refuse them); a
+`<|video_pad|>` becomes t*h*w / merge^2 video tokens, or, when the video comes with its audio track
+(use_audio_in_video), `<|audio_start|>` + video and audio tokens interleaved + `<|audio_end|>`, as
+transformers' processor writes it: in time order token by token, or with `PromptSpec.seconds_per_chunk`
+in chunks (av_interleave.py). The track is one more audio clip, in prompt order, through the audio encoder.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from omni.kernel.errors import InvalidRequest
+from omni.layers.av_interleave import VIDEO, chunked_pieces
 from omni.layers.chat_template import content_format, render_messages
 from omni.layers.prompt_splice import splice, with_sentinels
 from omni.layers.clip_features import ClipFeatures, log_mel_extractor
-from omni.layers.image_patches import ImagePatchConfig, ImagePatches, image_to_patches
+from omni.layers.image_patches import ImagePatchConfig, ImagePatches, image_to_patches, smart_resize
+from omni.layers.video_patches import DEFAULT_FPS, FpsFrameRule, VideoPatchConfig, VideoPatches, video_to_patches
 
 SAMPLE_RATE = 16000
 AUDIO_TYPES = ("audio", "input_audio")
@@ -57,6 +60,9 @@ class PromptSpec:
     n_window: int = 0  # the audio encoder's chunk is 2 * n_window frames
     n_window_infer: int = 0  # its attention window (Qwen3-Omni)
     pad_audio: bool = False  # features as the processor makes them padded to its `chunk_length` window
+    video_pixels: tuple[int, int] | None = None  # its video processor's (min, max) pixels a frame; None: no video
+    positions_per_second: float = PROCESSOR_POSITIONS_PER_SECOND  # M-RoPE time positions a second of video
+    seconds_per_chunk: float = 0.0  # > 0: a video's audio interleaves in chunks of this many seconds
 
 
 @dataclass
@@ -105,7 +111,7 @@ class Preprocessor:
             str(getattr(self.tokenizer, "audio_bos_token", None) or "<|audio_start|>"))
         self.audio_end_id = self.tokenizer.convert_tokens_to_ids(
             str(getattr(self.tokenizer, "audio_eos_token", None) or "<|audio_end|>"))
-        self.positions_per_second = float(extra.get("position_id_per_seconds", PROCESSOR_POSITIONS_PER_SECOND))
+        self.positions_per_second = float(extra.get("position_id_per_seconds", spec.positions_per_second))
         self.max_video_tokens = 0  # the thinker's context (PreprocessStage sets it): checked before decoding
         self.feature_extractor = log_mel_extractor(spec.num_mel_bins, SAMPLE_RATE, extra)
         self.clip_features = ClipFeatures(self.feature_extractor, pad_to_window=spec.pad_audio)
@@ -118,6 +124,8 @@ class Preprocessor:
             image_mean=tuple(extra.get("image_mean", (0.5, 0.5, 0.5))),
             image_std=tuple(extra.get("image_std", (0.5, 0.5, 0.5))),
         )
+        self.video_cfg = None if spec.video_pixels is None else _video_config(self.image_cfg, extra, spec.video_pixels)
+        self.frame_rule = None if self.video_cfg is None else FpsFrameRule(self.video_cfg)
 
     def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> PromptInputs:
         messages, answers = with_sentinels(messages)  # earlier answers keep the ids generated
@@ -144,10 +152,32 @@ class Preprocessor:
         out.input_ids = self._expand(ids, out)
         return out
 
-    def video_patches(self, video: bytes, fps: float | None = None):
-        """A video file's sampled frames as the vision encoder's patches: the families that serve video
-        override it (Qwen3-Omni's preprocess.py)."""
-        raise InvalidRequest("this model does not take video input")
+    def video_patches(self, video: bytes, fps: float | None = None) -> VideoPatches:
+        """A video file's sampled frames as patches (an undecodable file is an InvalidRequest, and so
+        is one whose tokens, counted before its frames are decoded, pass `max_video_tokens`); `fps`:
+        the request's sampling rate instead of the checkpoint's (the processor's `fps` kwarg)."""
+        from omni.layers.video_frames import VideoDecodeError, decode
+
+        if self.video_cfg is None:
+            raise InvalidRequest("this model does not take video input")
+        try:
+            cfg = self.video_cfg if fps is None else replace(self.video_cfg, fps=float(fps))
+            rule = self.frame_rule if fps is None else FpsFrameRule(cfg)
+            clip = decode(bytes(video), rule, self._check_tokens if self.max_video_tokens else None)
+        except VideoDecodeError as exc:
+            raise InvalidRequest(f"cannot decode video: {exc}") from None
+        return video_to_patches(clip.frames, cfg)
+
+    def _check_tokens(self, frames: int, height: int, width: int) -> None:
+        cfg = self.video_cfg
+        if not height or not width:
+            return  # the container does not say: the prompt's length bound holds after decoding
+        h, w = smart_resize(height, width, cfg.patch_size * cfg.merge_size, cfg.min_pixels, cfg.max_pixels)
+        grids = -(-frames // cfg.temporal_patch_size)
+        tokens = grids * (h // cfg.patch_size) * (w // cfg.patch_size) // cfg.merge_size**2
+        if tokens > self.max_video_tokens:
+            raise InvalidRequest(f"the video makes {tokens} tokens ({frames} frames at {w}x{h}); the model's "
+                                 f"context is {self.max_video_tokens} tokens")
 
     @property
     def window_frames(self) -> int:
@@ -202,6 +232,11 @@ class Preprocessor:
         t, h, w = video.grid_thw
         times = np.repeat(np.arange(t), (h // merge) * (w // merge)) * video.second_per_grid * self.positions_per_second
         n_audio, tokens, vi, ai = out.audio_token_counts[clip], [self.audio_start_id], 0, 0
+        if self.spec.seconds_per_chunk:
+            per_chunk = int(self.positions_per_second * self.spec.seconds_per_chunk)
+            for kind, a, b in chunked_pieces(times, n_audio, per_chunk):
+                tokens += [self.video_token_id if kind == VIDEO else self.audio_token_id] * (b - a)
+            return tokens + [self.audio_end_id]
         while vi < n_video and ai < n_audio:
             if times[vi] <= ai:
                 tokens.append(self.video_token_id)
@@ -297,6 +332,15 @@ def resample(pcm: np.ndarray, rate: int, target: int) -> np.ndarray:
     else:
         spectrum = np.concatenate([spectrum, np.zeros(keep - len(spectrum), dtype=spectrum.dtype)])
     return (np.fft.irfft(spectrum, n=n_out) * (n_out / len(pcm))).astype(np.float32)
+
+
+def _video_config(image: ImagePatchConfig, extra: dict[str, Any], pixels: tuple[int, int]) -> VideoPatchConfig:
+    """The video processor's settings: the checkpoint's `video_*` keys (else the family's processor's)."""
+    return VideoPatchConfig(
+        patch_size=image.patch_size, merge_size=image.merge_size, temporal_patch_size=image.temporal_patch_size,
+        min_pixels=int(extra.get("video_min_pixels", pixels[0])), max_pixels=int(extra.get("video_max_pixels", pixels[1])),
+        image_mean=image.image_mean, image_std=image.image_std, fps=float(extra.get("video_fps", DEFAULT_FPS)),
+        min_frames=int(extra.get("video_min_frames", 4)), max_frames=int(extra.get("video_max_frames", 768)))
 
 
 def _read_preprocessor_config(ckpt_dir: str | Path) -> dict[str, Any]:

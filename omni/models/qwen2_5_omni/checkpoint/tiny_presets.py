@@ -30,7 +30,11 @@ PREPROCESSOR_CONFIG = {  # the published layout, with a small pixel budget (4..1
     "dither": 0.0, "image_processor_type": "Qwen2VLImageProcessor", "patch_size": 14, "merge_size": 2,
     "temporal_patch_size": 2, "min_pixels": 56 * 56, "max_pixels": 112 * 112, "image_mean": CLIP_MEAN,
     "image_std": CLIP_STD, "processor_class": "Qwen2_5OmniProcessor",
+    # the video processor's (omni reads these; transformers' processor defaults to 128..768 x 28 x 28
+    # pixels a frame and fps 2): a small budget here too
+    "video_min_pixels": 56 * 56, "video_max_pixels": 112 * 112, "video_fps": 2.0,
 }
+VIDEO_KEYS = ("video_min_pixels", "video_max_pixels", "video_fps")
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,8 @@ def write_full(out: Path, seed: int) -> Path:
     config["model_type"] = "qwen2_5_omni"
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     build_tokenizer().save_pretrained(str(out))
-    extra = {**PREPROCESSOR_CONFIG, "min_pixels": 3136, "max_pixels": 12845056}
+    extra = {k: v for k, v in PREPROCESSOR_CONFIG.items() if k not in VIDEO_KEYS}
+    extra.update(min_pixels=3136, max_pixels=12845056)
     (out / "preprocessor_config.json").write_text(json.dumps(extra, indent=2) + "\n")
     g = torch.Generator().manual_seed(seed + 1)
     dit = token2wav["dit_config"]

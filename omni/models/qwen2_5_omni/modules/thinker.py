@@ -4,8 +4,9 @@ transformers' `Qwen2_5OmniThinkerForConditionalGeneration` minus its encoders: a
 (q/k/v biases, no q/k norms) with M-RoPE in contiguous sections (Qwen2-VL's layout), whose prompt
 embeddings take the audio / image (/ video) encoder outputs at their placeholder tokens. The encoders
 run in their own stages; their outputs arrive as request inputs (omni/layers/multimodal_lm.py, which
-also gives the positions and prefix keys). Video rows and grids are taken as Qwen3-Omni's are (the
-seam for video input); their temporal positions are whole numbers, as the reference rounds them.
+also gives the positions and prefix keys). Video rows and grids are taken as Qwen3-Omni's are; their
+temporal positions are whole numbers, as the reference rounds them, and a video's audio track
+interleaves with it in chunks of `seconds_per_chunk` (omni/layers/mrope_index.py, `audio_chunk`).
 
 Hidden-state taps follow transformers' `output_hidden_states`: tap 0 = the input embeddings after the
 multimodal merge, tap i = the output of decoder layer i - 1, tap num_layers = the final normed hidden.
@@ -54,7 +55,8 @@ class Qwen2_5OmniThinker(nn.Module, ThinkerLM, ARModel):
         self.section = tuple(text.mrope_section) or DEFAULT_SECTION
         self.inv_freq = rope_inv_freq(text.head_dim, text.rope_theta)  # float32 always; not a buffer
         self.rope_tokens = RopeTokens(cfg.image_token_id, cfg.video_token_id, cfg.position_id_per_seconds,
-                                      cfg.vision.spatial_merge_size, integer_time=True)
+                                      cfg.vision.spatial_merge_size, integer_time=True, audio_token_id=cfg.audio_token_id,
+                                      audio_chunk=int(cfg.position_id_per_seconds * cfg.seconds_per_chunk))
         self.to(dtype)
 
     @classmethod

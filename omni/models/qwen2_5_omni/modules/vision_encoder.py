@@ -4,7 +4,8 @@ Patches arrive in spatial-merge-block order (omni/layers/image_patches.py) and g
 positions (row, column). They are regrouped window by window (windows of `window_size` pixels, in
 merge blocks); most blocks attend within a window, the `fullatt_block_indexes` within a whole frame.
 The merger folds each merge block into one token of the thinker's width, and the tokens return to
-the block order.
+the block order. A video is t such frames (each grid step `temporal_patch_size` frames deep in the patch
+embedding): windows and full attention stay within one frame step, as Qwen2.5-VL's do.
 """
 
 from __future__ import annotations
@@ -115,4 +116,6 @@ class VisionEncoder(nn.Module):
 
 
 class ImagePatchesEncoder(PatchItemsEncoder):
-    """The encoder stage's `BatchEncoder` (omni/layers/vision_items.py): {"image_embeds", "image_grid_thw"}."""
+    """The encoder stage's `BatchEncoder` (omni/layers/vision_items.py): {"image_embeds", "image_grid_thw"}, or
+    for a video's item (its frames' patches, t grids of `temporal_patch_size` frames) the `video_` keys with
+    its seconds per grid and audio tokens."""

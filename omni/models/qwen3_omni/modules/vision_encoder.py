@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,7 +19,7 @@ from torch import nn
 from omni.layers.mlp import MLP
 from omni.layers.rotary import cos_sin, rope_inv_freq
 from omni.layers.image_patches import block_order_rows_cols
-from omni.layers.vision_items import PatchItemsEncoder, PatchMerger, rope_windows_attention
+from omni.layers.vision_items import PatchItemsEncoder, PatchMerger, item_kind, rope_windows_attention
 from omni.models.qwen3_omni.config import VisionEncoderConfig, load_config
 from omni.models.weights import load_module
 
@@ -135,11 +134,7 @@ class ImagePatchesEncoder(PatchItemsEncoder):
     `video_audio_tokens` [1] (the thinker's M-RoPE needs both)."""
 
     def item_output(self, o: VisionOutput, grid: tuple[int, int, int], item: dict) -> dict:
-        kind = "video" if item.get("kind") == "video" else "image"
-        out = {f"{kind}_embeds": o.embeds,
-               f"{kind}_deepstack": torch.stack(o.deepstack) if o.deepstack else o.embeds.new_zeros(0, *o.embeds.shape),
-               f"{kind}_grid_thw": np.asarray([grid], dtype=np.int64)}
-        if kind == "video":
-            out["video_second_per_grid"] = np.asarray([float(item.get("second_per_grid", 1.0))], dtype=np.float64)
-            out["video_audio_tokens"] = np.asarray([int(item.get("audio_tokens", 0))], dtype=np.int64)
+        out = super().item_output(o.embeds, grid, item)
+        out[f"{item_kind(item)}_deepstack"] = torch.stack(o.deepstack) if o.deepstack else \
+            o.embeds.new_zeros(0, *o.embeds.shape)
         return out

@@ -1,7 +1,7 @@
-"""Video frames -> vision-encoder patches, as transformers' Qwen3-Omni processor makes them.
-
-Its video processor is `Qwen2VLVideoProcessor`, called with `fps` and `do_sample_frames=True`:
-- frames (`QwenFrameRule.indices`, its `sample_frames`): `total / video_fps * fps` frames,
+"""Video frames -> vision-encoder patches, as transformers' `Qwen2VLVideoProcessor` makes them (the video
+processor of Qwen3-Omni and of Qwen2.5-Omni, whose processors call it with `fps` and `do_sample_frames=True`;
+each family gives its own pixel budget and patch size):
+- frames (`FpsFrameRule.indices`, its `sample_frames`): `total / video_fps * fps` frames,
   clamped to [min_frames, min(max_frames, total) floored to the temporal patch], floored to a
   multiple of the temporal patch, taken at `arange(0, total, total / n).int()`;
 - size: `smart_resize` of the frame to multiples of patch*merge within [min, max] pixels, resized
@@ -10,7 +10,7 @@ Its video processor is `Qwen2VLVideoProcessor`, called with `fps` and `do_sample
 - patches: frames padded to a multiple of the temporal patch with the last frame, then flattened
   per (t, merge block, patch) like an image's, the temporal patch inside each row;
 - the processor's `video_second_per_grid` = temporal_patch_size / fps (the seconds-per-grid rule
-  behind the temporal M-RoPE positions, `rope.rope_index`).
+  behind the temporal M-RoPE positions, `omni.layers.mrope_index`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ import numpy as np
 from omni.kernel.errors import InvalidRequest
 from omni.layers.image_patches import smart_resize
 
-DEFAULT_FPS = 2.0  # what Qwen's own video loader (qwen-omni-utils) samples at
-VIDEO_MIN_PIXELS = 128 * 32 * 32  # Qwen3OmniMoeProcessor's videos_kwargs size
-VIDEO_MAX_PIXELS = 768 * 32 * 32
+DEFAULT_FPS = 2.0  # what Qwen's own video loader (qwen-omni-utils) samples at, and both processors assume
 
 
 @dataclass(frozen=True)
@@ -33,8 +31,8 @@ class VideoPatchConfig:
     patch_size: int = 16
     merge_size: int = 2
     temporal_patch_size: int = 2
-    min_pixels: int = VIDEO_MIN_PIXELS
-    max_pixels: int = VIDEO_MAX_PIXELS
+    min_pixels: int = 128 * 32 * 32  # the family's processor's videos_kwargs size
+    max_pixels: int = 768 * 32 * 32
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     fps: float = DEFAULT_FPS
@@ -43,7 +41,7 @@ class VideoPatchConfig:
 
 
 @dataclass(frozen=True)
-class QwenFrameRule:
+class FpsFrameRule:
     """`Qwen2VLVideoProcessor.sample_frames` with `fps` (a `video_frames.FrameRule`)."""
 
     cfg: VideoPatchConfig
