@@ -7,6 +7,7 @@
 #   tts           Qwen3-TTS 12Hz-1.7B CustomVoice (make-tiny --preset full-1.7b), voice vivian, c = 1,16,64, 64 frames
 #   tts-slots64   the same with talker max_num_seqs=64, c = 64
 #   omni-nolookahead, tts-nolookahead  as omni / tts with lookahead decode off (omni/stages/ar/lookahead.py): its A/B
+#   q25           Qwen2.5-Omni-7B (make-tiny qwen2.5-omni --preset full-7b: random weights drawn at load), as omni
 #   tts-interval4  as tts with the talker's prefill_interval=4 (arrivals gathered into fewer prefill steps; at c=64
 #                  one talker step in three was a one-row prefill, 24 rows a step on average)
 # carry: .whl (omni's wheels). ~5-6 min. -> $OUT/timeline-*.md, $OUT/timeline-*.json, $OUT/timeline.log,
@@ -28,10 +29,10 @@ fi
 export PYTHONPATH=/tmp/whl:$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | tee "$R/gpu.txt"
 if [ -n "${SCALED:-}" ]; then
-  device=(--device cpu) omni_make=(make-tiny qwen3-omni --preset tiny-a) tts_preset=tiny-a tts_device=cpu
+  device=(--device cpu) omni_make=(make-tiny qwen3-omni --preset tiny-a) tts_preset=tiny-a tts_device=cpu q25_preset=tiny-a
   levels=1,2 high=2 tokens=(--max-tokens 4 --audio-tokens 8) frames=(--frames 8)
 else
-  device=(--device cuda --dtype bfloat16) omni_make=() tts_preset=full-1.7b tts_device=cuda
+  device=(--device cuda --dtype bfloat16) omni_make=() tts_preset=full-1.7b tts_device=cuda q25_preset=full-7b
   levels=1,16,64 high=64 tokens=(--max-tokens 32 --audio-tokens 64) frames=(--frames 64)
 fi
 if [ -n "${PROFILE:-}" ]; then
@@ -47,6 +48,8 @@ model_dir() {  # family -> a model dir with full-size random weights (drawn at s
             else python3 -c "from omni.models.qwen3_omni.checkpoint.presets_full import write_random_model_dir as w
 w('$R/omni-model')"; fi >> "$R/timeline.log" 2>&1
           fi; echo "$R/omni-model" ;;
+    q25) [ -d "$R/q25-model" ] || python3 -m omni.api.cli make-tiny qwen2.5-omni "$R/q25-model" --preset $q25_preset \
+           >> "$R/timeline.log" 2>&1; echo "$R/q25-model" ;;
     tts) [ -d "$R/tts-model" ] || python3 -m omni.api.cli make-tiny qwen3-tts "$R/tts-model" --kind custom-voice \
            --preset $tts_preset --device $tts_device >> "$R/timeline.log" 2>&1; echo "$R/tts-model" ;;
   esac
@@ -55,7 +58,7 @@ w('$R/omni-model')"; fi >> "$R/timeline.log" 2>&1
 for variant in ${VARIANTS:-omni omni-slots64 tts tts-slots64}; do
   left=$(( ${TOTAL_S:-540} - ($(date +%s) - t0) ))
   if [ $left -lt 90 ]; then log "$variant skipped: ${left} s left"; continue; fi
-  family=${variant%%-*}
+  family=${variant%%-*}; bench_family=$family; [ "$family" = q25 ] && bench_family=omni
   case $variant in
     omni) extra=(--concurrency $levels "${tokens[@]}") ;;
     omni-slots64) extra=(--concurrency $high "${tokens[@]}" --set thinker.args.max_num_seqs=64
@@ -65,12 +68,13 @@ for variant in ${VARIANTS:-omni omni-slots64 tts tts-slots64}; do
     omni-nolookahead) extra=(--concurrency $levels "${tokens[@]}" --set thinker.args.lookahead_decode=false
                              --set talker.args.lookahead_decode=false) ;;
     tts-nolookahead) extra=(--concurrency $levels "${frames[@]}" --set talker.args.lookahead_decode=false) ;;
+    q25) extra=(--concurrency $levels "${tokens[@]}") ;;  # Qwen2.5-Omni-7B (issue 29): chat with audio out
     tts-interval4) extra=(--concurrency $levels "${frames[@]}" --set talker.args.prefill_interval=4) ;;
     *) log "unknown variant $variant"; continue ;;
   esac
   dir=$(model_dir "$family")
   log "$variant: $dir (${left} s left)"
-  timeout -k 10 $(( left - 10 )) python3 bench/timeline.py --family "$family" --model "$dir" "${device[@]}" \
+  timeout -k 10 $(( left - 10 )) python3 bench/timeline.py --family "$bench_family" --model "$dir" "${device[@]}" \
     --label "$variant" --out-dir "$R" --level-s ${LEVEL_S:-40} --start-s 240 "${extra[@]}" \
     ${TIMELINE_ARGS:-} > "$R/timeline-$variant.log" 2>&1
   log "$variant: rc=$?"
