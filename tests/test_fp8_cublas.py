@@ -25,6 +25,10 @@ def test_one_row_has_the_outer_major_scale_strides_cublas_checks():
     assert s.shape == (1, 2) and s.stride() == (1, 1)
 
 
+def test_rows_are_padded_to_what_cublas_takes():
+    assert [fp8_cublas.padded_rows(m) for m in (1, 15, 16, 17, 64, 300)] == [16, 16, 16, 20, 64, 300]
+
+
 def test_partial_blocks_never_reach_cublas():
     w, scale = quantize_blocks(torch.randn(96, 128))  # N = 96: not whole 128-blocks
     assert fp8_cublas.linear_or_none(torch.randn(2, 128), w, scale) is None

@@ -23,7 +23,7 @@ E4M3_MAX = 448.0
 ACT_EPS = 1e-10
 log = logging.getLogger("omni.fp8")
 _probed: dict[int, str | None] = {}  # device index -> None (usable) or why not
-_shapes: dict[tuple[int, int], bool] = {}  # (N, K) -> whether cuBLAS took it (tried eagerly once)
+_shapes: dict[tuple[int, int, int], bool] = {}  # (padded M, N, K) -> whether cuBLAS took it (tried eagerly once)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,22 +52,34 @@ def cublas_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     from torch.nn.functional import ScalingType, scaled_mm
 
     lead, k = x.shape[:-1], x.shape[-1]
-    q, s = quantize_rows(x.reshape(-1, k))
+    rows = x.reshape(-1, k)
+    m = rows.shape[0]
+    pad = padded_rows(m) - m
+    if pad:  # zero rows: their scale is the floor, their outputs are dropped
+        rows = torch.nn.functional.pad(rows, (0, 0, 0, pad))
+    q, s = quantize_rows(rows)
     out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float32) else torch.bfloat16
     y = scaled_mm(q, weight.t(), s, ScalingType.BlockWise1x128, _weight_scales(scale), ScalingType.BlockWise128x128,
                   output_dtype=out_dtype)
-    return y.to(x.dtype).reshape(*lead, weight.shape[0])
+    return y[:m].to(x.dtype).reshape(*lead, weight.shape[0])
+
+
+def padded_rows(m: int) -> int:
+    """The row count cuBLAS is given: at least 16 and a multiple of 4 (the H200 refused M = 1 with
+    CUBLAS_STATUS_NOT_SUPPORTED and took 16, 64 and 300)."""
+    return max(16, -(-m // 4) * 4)
 
 
 def linear_or_none(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
     """`cublas_fp8_linear` where cuBLAS takes this weight's shape, else None (the caller's Triton
-    kernel serves). cuBLAS refuses some shapes (CUBLAS_STATUS_NOT_SUPPORTED): each (N, K) is tried
+    kernel serves). cuBLAS refuses some shapes (CUBLAS_STATUS_NOT_SUPPORTED): each (M, N, K) is tried
     once eagerly; a shape first met inside a graph capture is not tried there (an error would end
-    the capture) and takes the Triton kernel."""
+    the capture) and takes the Triton kernel (a capture's warm-up runs its shapes eagerly first)."""
     n, k = weight.shape
     if n % GROUP or k % GROUP:
         return None  # partial blocks: the block-scaled layouts cover whole 128-blocks only
-    known = _shapes.get((n, k))
+    key = (padded_rows(x.numel() // k), n, k)
+    known = _shapes.get(key)
     if known is False or (known is None and torch.cuda.is_current_stream_capturing()):
         return None
     if known:
@@ -75,10 +87,10 @@ def linear_or_none(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -
     try:
         y = cublas_fp8_linear(x, weight, scale)
     except RuntimeError as exc:
-        log.warning("FP8 GEMM %dx%d: the Triton kernel (cuBLAS refused it: %s)", n, k, str(exc).splitlines()[0][:160])
-        _shapes[(n, k)] = False
+        log.warning("FP8 GEMM %s: the Triton kernel (cuBLAS refused it: %s)", key, str(exc).splitlines()[0][:160])
+        _shapes[key] = False
         return None
-    _shapes[(n, k)] = True
+    _shapes[key] = True
     return y
 
 
