@@ -56,8 +56,11 @@ def _grids(value: Any, seconds: Any = None, audio_tokens: Any = None) -> list[Vi
 
 
 def _tensor(value: Any) -> torch.Tensor:
+    """A chunk's rows as a tensor. A channel's view (cuda_ipc) is not copied: TalkerInputs reads it at
+    once (projects it, or clones the prompt rows it keeps), and its slot goes back only after the GPU
+    has read it (the actor holds the credit): two launches a stream and token fewer at decode."""
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        return value.detach()
     return torch.from_numpy(np.array(value, copy=True))
 
 
