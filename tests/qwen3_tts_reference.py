@@ -106,6 +106,8 @@ def _cache_rename_compat() -> None:
 
         def new_init(self, *args, _init=init, **kwargs):
             cache = kwargs.pop("cache", None)
+            passed = kwargs.pop("past_key_values", None)  # 5.25 passes it under its old name as well
+            cache = passed if cache is None else cache
             _init(self, *args, past_key_values=cache, **kwargs)
             if cache is not None:
                 self["cache"] = cache

@@ -1,4 +1,4 @@
-"""Make the Qwen3-TTS reference's 12 Hz tokenizer load on the installed transformers (5.17 .. 5.24).
+"""Make the Qwen3-TTS reference's 12 Hz tokenizer load on the installed transformers (5.17 .. 5.25).
 
 qwen-tts-hf 0.1.1.post1 targets transformers 5.15. Later releases break pieces of its glue (none
 of its arithmetic):
@@ -13,6 +13,10 @@ of its arithmetic):
 - (5.24) Published tokenizer checkpoints keep Mimi's flat layout (`encoder.encoder.layers.*`);
   5.24 renames it only for its own MimiModel, not for the reference's subclass: register the same
   renames.
+
+- (5.25) AutoModel passes `_from_auto` into the model class's `from_pretrained`; the reference forwards
+  its kwargs to its speech tokenizer's own `AutoModel.from_pretrained`, which sets it again ("got
+  multiple values for keyword argument '_from_auto'"): the tokenizer's loader drops it.
 
 `patch()` is idempotent and touches only the reference's classes and registries
 (`qwen3_tts_reference.load()` calls it, for any transformers).
@@ -31,6 +35,7 @@ def patch() -> None:
 
     _DONE = True
     _patch_default_rope()
+    _patch_forwarded_auto_kwargs()
     if isinstance(getattr(MimiModel, "upsample", None), property):  # 5.24 split Mimi in halves
         _patch_split_mimi()
 
@@ -59,6 +64,18 @@ def _patch_default_rope() -> None:
     if ROPE_INIT_FUNCTIONS.get("default") in (None, shipped):
         ROPE_INIT_FUNCTIONS["default"] = default_rope
     compat._default_rope_parameters = default_rope  # what the reference's patch registers later
+
+
+def _patch_forwarded_auto_kwargs() -> None:
+    from qwen_tts.inference.qwen3_tts_tokenizer import Qwen3TTSTokenizer
+
+    shipped = Qwen3TTSTokenizer.from_pretrained.__func__
+
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        kwargs.pop("_from_auto", None)  # AutoModel sets it itself
+        return shipped(cls, pretrained_model_name_or_path, **kwargs)
+
+    Qwen3TTSTokenizer.from_pretrained = classmethod(from_pretrained)
 
 
 def _patch_split_mimi() -> None:

@@ -1,165 +1,56 @@
-"""Batched emits (`Emit(rows=...)`): one step's chunks of many requests travel as one bus message per
-edge and consumer replica, and each consumer feeds them as the requests' own chunks: every frame
-once and in order, credits kept, the right replica, on every CPU channel; a cancelled or failed
-request's rows are dropped while the others are delivered."""
+"""A step's one-row chunks on a port go as one batched Emit (omni/stages/batched_emits.py), and every
+consumer gets each request's chunk back as it was (omni/transport/arrays.py split_rows / rows_of):
+arrays, shared values and the values that differ by row (the thinker's tap_start, token ids)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections import Counter
-
 import numpy as np
-import pytest
+import torch
 
-from omni.kernel import actor as actor_module
-from omni.kernel import messages as m
-from omni.kernel.errors import InvalidRequest, RequestCancelled
-from omni.kernel.graph import OUT, EdgeSpec, Graph, StageSpec
-from omni.kernel.kernel import Kernel
-from omni.kernel.stage import Emit, Stage
+from omni.kernel.stage import Emit
+from omni.stages.batched_emits import batch_chunks
+from omni.transport.arrays import ROW_VALUES, rows_of, split_rows
 
 
-class FrameSource(Stage):
-    """Each step: one frame [request number, frame index] for every open request, as ONE batched emit."""
-
-    def __init__(self, ctx) -> None:
-        super().__init__(ctx)
-        self.todo: dict[str, list[int]] = {}  # rid -> [number, frames left, next index]
-
-    def open(self, rid, params):
-        self.todo[rid] = [params["number"], params["frames"], 0]
-
-    def abort(self, rid):
-        self.todo.pop(rid, None)
-
-    def has_work(self):
-        return bool(self.todo)
-
-    def step(self):
-        rows = list(self.todo)
-        frames = np.array([[self.todo[r][0], self.todo[r][2]] for r in rows], dtype=np.int64)
-        emits = [Emit("", "frames", {"frame": frames, "kind": "codes"}, rows=rows)]
-        for rid in rows:
-            state = self.todo[rid]
-            state[1], state[2] = state[1] - 1, state[2] + 1
-            if state[1] == 0:
-                del self.todo[rid]
-                emits.append(Emit(rid, finish=True))
-        return emits
+def hidden(rid: str, start: int, token: int, rows: int = 1) -> Emit:
+    return Emit(rid, "hidden", {"tap_start": start, "token_ids": [token] * rows, "prompt_len": 7,
+                                "layer_0": torch.full((rows, 4), float(start)), "layer_2": torch.full((rows, 4), -float(start))})
 
 
-class FrameSink(Stage):
-    """Passes each fed frame on to the client, tagged with its replica; `poison_at` fails a request."""
-
-    def __init__(self, ctx) -> None:
-        super().__init__(ctx)
-        self.out: list[Emit] = []
-        self.poison: dict[str, int] = {}
-
-    def open(self, rid, params):
-        self.poison[rid] = params.get("poison_at", -1)
-
-    def feed(self, rid, port, data):
-        frame = data["frame"]
-        assert frame.shape == (1, 2) and data["kind"] == "codes"
-        if int(frame[0, 1]) == self.poison[rid]:
-            raise InvalidRequest(f"poisoned frame {int(frame[0, 1])}")
-        self.out.append(Emit(rid, "out", {"frame": frame.copy(), "replica": self.ctx.replica}))
-
-    def close_input(self, rid):
-        self.out.append(Emit(rid, finish=True))
-
-    def has_work(self):
-        return bool(self.out)
-
-    def step(self):
-        out, self.out = self.out, []
-        return out
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor)
+                                        else np.array_equal(a[k], b[k]) if isinstance(a[k], np.ndarray)
+                                        else a[k] == b[k] for k in a)
 
 
-def frame_graph(channel: str, replicas: int = 2, credits: int = 64) -> Graph:
-    return Graph("frames", [
-        StageSpec("source", f"{__name__}:FrameSource"),
-        StageSpec("sink", f"{__name__}:FrameSink", replicas=replicas, credits=credits),
-    ], [
-        EdgeSpec("source", "frames", "sink", channel=channel),
-        EdgeSpec("source", "frames", OUT, mode="final"),  # rows buffered per request
-        EdgeSpec("sink", "out", OUT),
-    ])
+def test_one_row_chunks_batch_and_split_back_as_they_were():
+    emits = [hidden("a", 10, 1), Emit("a", "text", {"token_ids": [1]}), hidden("b", 20, 2), Emit("b", finish=True),
+             hidden("c", 30, 3)]
+    out = batch_chunks(emits, "hidden")
+    assert [e.port for e in out] == ["hidden", "text", "out"]  # the batch where the first chunk was
+    batch = out[0]
+    assert batch.rows == ["a", "b", "c"] and batch.data["layer_0"].shape == (3, 4)
+    assert batch.data["prompt_len"] == 7 and "prompt_len" not in batch.data[ROW_VALUES][0]  # shared: once
+    got = {rid: part for rid, part, _ in split_rows("", batch.rows, batch.data)}
+    for e in (emits[0], emits[2], emits[4]):
+        assert same(got[e.rid], e.data)
 
 
-@pytest.fixture
-def chunk_messages(monkeypatch):
-    """How many RequestChunk messages each actor received, and how many rows they held."""
-    counts: Counter = Counter()
-    dispatch = actor_module.Actor._dispatch
-
-    def counting(self, msg, frames):
-        if isinstance(msg, m.RequestChunk):
-            counts[self.name, "messages"] += 1
-            counts[self.name, "rows"] += len(msg.rows) or 1
-        return dispatch(self, msg, frames)
-
-    monkeypatch.setattr(actor_module.Actor, "_dispatch", counting)
-    return counts
+def test_multi_row_and_odd_chunks_are_left_alone():
+    prompt = hidden("p", 0, 5, rows=6)  # a prompt's rows: not one row
+    codes = [Emit(r, "codes", {"codes": np.full((1, 4), i, dtype=np.int64)}) for i, r in enumerate("xyz")]
+    other = Emit("w", "codes", {"codes": np.zeros((1, 5), dtype=np.int64)})  # another row shape
+    out = batch_chunks([prompt, hidden("q", 3, 4), *codes, other], "codes")
+    assert out[0] is prompt and out[1].rid == "q" and out[-1] is other
+    assert out[2].rows == ["x", "y", "z"] and ROW_VALUES not in out[2].data
+    assert batch_chunks([hidden("q", 3, 4)], "hidden")[0].rows is None  # one chunk: nothing to batch
 
 
-async def _collect(kernel: Kernel, rid: str, params: dict) -> list | Exception:
-    try:
-        return await kernel.submit(params, rid=rid).collect()
-    except Exception as exc:
-        return exc
-
-
-def _frames(events, port: str) -> list[list[int]]:
-    return [row for e in events if e.port == port for row in e.data["frame"].tolist()]
-
-
-@pytest.mark.parametrize("channel", ["inline", "shm"])
-@pytest.mark.parametrize("credits", [1, 64])
-def test_batched_emits_deliver_every_frame_once_in_order_to_its_replica(channel, credits, chunk_messages):
-    lengths = {f"req-{i}": 3 + (i * 5) % 11 for i in range(12)}
-
-    async def main():
-        async with Kernel(frame_graph(channel, credits=credits), mode="inline") as kernel:
-            jobs = [_collect(kernel, rid, {"number": i, "frames": n}) for i, (rid, n) in enumerate(lengths.items())]
-            return await asyncio.gather(*jobs)
-
-    results = asyncio.run(main())
-    used = set()
-    for i, (rid, events) in enumerate(zip(lengths, results)):
-        assert not isinstance(events, Exception), events
-        expected = [[i, k] for k in range(lengths[rid])]
-        assert _frames(events, "out") == expected  # through the sink: once each, in order
-        assert _frames(events, "frames") == expected  # the final edge: buffered per request
-        replicas = {e.data["replica"] for e in events if e.port == "out"}
-        assert len(replicas) == 1  # one replica for the request's whole life
-        used |= replicas
-    assert used == {0, 1}  # the requests went to both
-    rows = sum(v for (name, kind), v in chunk_messages.items() if name.startswith("sink") and kind == "rows")
-    messages = sum(v for (name, kind), v in chunk_messages.items() if name.startswith("sink") and kind == "messages")
-    assert rows == sum(lengths.values())
-    steps = max(lengths.values())
-    assert messages <= 2 * steps < rows  # one message per step and replica, not one per frame
-
-
-def test_a_cancelled_or_failed_request_loses_its_rows_alone(chunk_messages):
-    async def main():
-        async with Kernel(frame_graph("shm", credits=2), mode="inline") as kernel:
-            poisoned = _collect(kernel, "poisoned", {"number": 0, "frames": 30, "poison_at": 4})
-            stream = kernel.submit({"number": 1, "frames": 10_000}, rid="cancelled")
-            others = [_collect(kernel, f"ok-{i}", {"number": 2 + i, "frames": 40}) for i in range(4)]
-            tasks = [asyncio.ensure_future(j) for j in (poisoned, *others)]
-            first = await stream.__anext__()
-            await stream.cancel()
-            with pytest.raises(RequestCancelled):
-                async for _ in stream:
-                    pass
-            return first, await asyncio.gather(*tasks)
-
-    first, (poisoned, *others) = asyncio.run(main())
-    assert first.data["frame"].tolist()[0][0] == 1
-    assert isinstance(poisoned, InvalidRequest) and "poisoned frame 4" in str(poisoned)
-    for i, events in enumerate(others):
-        assert not isinstance(events, Exception), events
-        assert _frames(events, "out") == [[2 + i, k] for k in range(40)]
+def test_a_subset_of_rows_keeps_its_own_values():
+    batch = batch_chunks([hidden(r, s, s) for r, s in (("a", 1), ("b", 2), ("c", 3))], "hidden")[0]
+    two = rows_of(batch.data, [0, 2])
+    assert [v["tap_start"] for v in two[ROW_VALUES]] == [1, 3] and two["layer_0"].shape == (2, 4)
+    one = rows_of(batch.data, [1])  # a request sent alone (e.g. to the client): its values merged back
+    assert one["tap_start"] == 2 and one["token_ids"] == [2] and ROW_VALUES not in one
+    [(rid, part, last)] = split_rows("b", [], one)
+    assert rid == "b" and last and part is one

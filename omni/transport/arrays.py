@@ -47,15 +47,27 @@ def is_array(value: Any) -> bool:
             or type(value).__module__.startswith("torch"))
 
 
+ROW_VALUES = "row_values"  # a batched chunk's non-array values that differ by row: a list, a dict per row
+
+
 def rows_of(data: dict[str, Any], rows: list[int] | slice) -> dict[str, Any]:
-    """Those rows of a batched chunk's arrays (its other values as they are)."""
-    return {k: v[rows] if is_array(v) else v for k, v in data.items()}
+    """Those rows of a batched chunk's arrays and per-row values (its other values as they are); the
+    values of a single row are merged into its chunk, as it was before batching."""
+    out = {k: v[rows] if is_array(v) else v for k, v in data.items() if k != ROW_VALUES}
+    per_row = data.get(ROW_VALUES)
+    if per_row is not None:
+        picked = per_row[rows] if isinstance(rows, slice) else [per_row[i] for i in rows]
+        if len(picked) == 1:
+            out.update(picked[0])
+        else:
+            out[ROW_VALUES] = picked
+    return out
 
 
 def split_rows(rid: str, rows: list[str], data: dict[str, Any]):
     """(rid, chunk, is_last) for each row of a batched chunk (`rows`: its requests), or the one chunk
     of `rid` when `rows` is empty."""
     if not rows:
-        yield rid, data, True
+        yield rid, rows_of(data, slice(0, 1)) if ROW_VALUES in data else data, True
     for i, row in enumerate(rows):
         yield row, rows_of(data, slice(i, i + 1)), i + 1 == len(rows)

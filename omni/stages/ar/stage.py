@@ -42,6 +42,7 @@ from omni.stages.gpu_memory import gpu_memory
 from omni.stages.sampling import merged_sampling
 from omni.stages.step_profiler import StepProfiler
 from omni.stages.threads import pin_torch_threads
+from omni.stages.batched_emits import batch_chunks
 
 log = logging.getLogger("omni.ar.stage")
 
@@ -251,7 +252,7 @@ class ARStage(Stage):
             outputs = self.engine.step()
         for out in outputs:
             emits.extend(self.emits_for(out))
-        return emits
+        return batch_chunks(emits, self.hidden_port)  # the step's hidden rows of every stream: one message
 
     def emits_for(self, out: StepOutput) -> list[Emit]:
         if out.error is not None:

@@ -18,6 +18,7 @@ import numpy as np
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, StageContext
 from omni.layers.fused_ops import use_fused_ops
+from omni.stages.batched_emits import batch_chunks
 from omni.layers.moe_routed import use_moe_backend
 from omni.stages.ar.engine import StepOutput
 from omni.stages.ar.sequence import SamplingParams
@@ -106,15 +107,7 @@ class CodecLMStage(ARStage):
 
     def step(self) -> list[Emit]:
         """The step's frames of every stream as one batched emit, where the first of them was."""
-        emits = super().step()
-        frames = [i for i, e in enumerate(emits) if e.port == self.codes_port and e.data and set(e.data) == {"codes"}]
-        if len(frames) < 2:
-            return emits
-        rows = [emits[i] for i in frames]
-        batch = Emit("", self.codes_port, {"codes": np.concatenate([e.data["codes"] for e in rows])},
-                     rows=[e.rid for e in rows])
-        rest = set(frames[1:])
-        return [batch if i == frames[0] else e for i, e in enumerate(emits) if i not in rest]
+        return batch_chunks(super().step(), self.codes_port)
 
     def backlog(self) -> int:
         waiting = len(self.engine.scheduler.waiting) if self.engine else 0
