@@ -9,6 +9,7 @@ import numpy as np
 
 from omni.kernel.kernel import Kernel
 from omni.kernel.stage import Emit, Stage
+from omni.transport.arrays import split_rows
 from omni.models.demo.stages import demo_graph
 
 
@@ -51,8 +52,7 @@ def unbatched(emits: list[Emit]) -> list[Emit]:
         if e.rows is None:
             out.append(e)
             continue
-        for i, rid in enumerate(e.rows):
-            out.append(Emit(rid, e.port, {k: v[i:i + 1] if hasattr(v, "shape") else v for k, v in e.data.items()}))
+        out += [Emit(rid, e.port, part) for rid, part, _ in split_rows("", e.rows, e.data)]
     return out
 
 

@@ -17,6 +17,7 @@ import time
 import pytest
 import torch
 
+from kernel_helpers import unbatched
 from omni.kernel.stage import StageContext
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from omni.layers.tokenizer_offline import token_ids
@@ -110,7 +111,7 @@ def _run(stage: ThinkerStage, prompts, max_tokens: int = 10, timeout_s: float = 
     deadline = time.monotonic() + timeout_s
     while stage.has_work():
         assert time.monotonic() < deadline, "the stage did not finish its requests"
-        for e in stage.step():
+        for e in unbatched(stage.step()):  # the step's hidden rows come as one batched chunk
             if e.error is not None:
                 errors[e.rid] = e.error
             elif e.finish:
