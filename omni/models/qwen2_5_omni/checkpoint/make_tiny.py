@@ -130,7 +130,7 @@ def make_tiny(out_dir: str | Path, seed: int = 0, preset: str = "tiny-a", config
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`omnid make-tiny qwen2.5-omni DIR [--preset tiny-a|tiny-b|full-7b] [--seed N]`."""
+    """`omnid make-tiny qwen2.5-omni DIR [--preset tiny-a|tiny-b|full-7b] [--seed N] [--config-only]`."""
     parser = argparse.ArgumentParser(prog="omnid make-tiny qwen2.5-omni", description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", metavar="DIR")
     parser.add_argument("--preset", choices=[*sorted(PRESETS), FULL], default="tiny-a",
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a tiny preset's layout without weights: the server draws them at load, as for full-7b")
     args = parser.parse_args(argv)
     path = make_tiny(args.out_dir, args.seed, args.preset, config_only=args.config_only)
-    print(f"omnid: wrote a random Qwen2.5-Omni ({args.preset}) to {path}", flush=True)
+    what = f"{args.preset}, no weights: drawn at load" if args.config_only or args.preset == FULL else args.preset
+    print(f"omnid: wrote a random Qwen2.5-Omni ({what}) to {path}", flush=True)
     return 0
 
 
