@@ -1,7 +1,9 @@
 """A stage's model part: random weights (`load_format="random"`) or the checkpoint's.
 
 Every part class has `from_checkpoint(model_dir, dtype=..., device=...)`; a family that can
-draw random weights of the same shapes passes its builder as `random(args, device)`.
+draw random weights of the same shapes passes its builder as `random(args, device)`. A model dir
+without weights says so with `omni_random.json` (a family's full-size presets write it); its graph
+gives every model stage `random_stage_args`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ model.safetensors, `spk_dict.pt` = {speaker: {"cond", "ref_mel", "bos_token"}}, 
 
 Without weights (`omni_random.json` instead of model.safetensors; the graph sets `load_format="random"`
 on every model stage, which draws its part on its own device, random_load.py): `full-7b` writes the
-published sizes (for GPU benchmarks: 7B parameters drawn in seconds, nothing read from disk), and
+published sizes (for GPU benchmarks: nothing read from disk, no host copy of the weights), and
 `--config-only` a tiny shape's layout (for tests of that path on the CPU).
 """
 
