@@ -33,7 +33,8 @@ from omni.stages.codec_lm.code_predictor import CodePredictor, sampled_codes  # 
 from omni.stages.codec_lm.code_predictor_graphs import CodePredictorGraphs  # noqa: E402
 from omni.models.qwen3_omni.config import load_config  # noqa: E402
 from omni.models.qwen3_omni.checkpoint.presets_full import full_config, scaled_config  # noqa: E402
-from omni.models.qwen3_omni.checkpoint.random_load import random_code2wav, randomize_  # noqa: E402
+from omni.layers.random_init import randomize_  # noqa: E402
+from omni.models.qwen3_omni.checkpoint.random_load import random_code2wav  # noqa: E402
 from omni.layers.rotary import rope_inv_freq  # noqa: E402
 from report import machine, now_iso, say  # noqa: E402
 

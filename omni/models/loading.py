@@ -1,16 +1,39 @@
 """A stage's model part: random weights (`load_format="random"`) or the checkpoint's.
 
 Every part class has `from_checkpoint(model_dir, dtype=..., device=...)`; a family that can
-draw random weights of the same shapes passes its builder as `random(args, device)`.
+draw random weights of the same shapes passes its builder as `random(args, device)`. A model dir
+without weights says so with `omni_random.json` (a family's full-size presets write it); its graph
+gives every model stage `random_stage_args`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from omni.models.weights import CheckpointError
 from omni.stages.args import LOAD_FORMATS
+
+
+RANDOM_MARKER = "omni_random.json"  # next to a config.json without weights: every stage draws its own
+
+
+def random_marker(where: str | Path) -> dict[str, Any] | None:
+    """The marker's contents when `where` is a config-only (random-weight) model dir, else None."""
+    path = Path(where) / RANDOM_MARKER
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        return {"random_weights": True, "load_format": "random"}
+
+
+def random_stage_args(marker: dict[str, Any] | None) -> dict[str, Any]:
+    """The args that make a model stage draw its weights, for a dir with `marker` (none without one)."""
+    return {"load_format": "random", "seed": int(marker.get("seed", 0))} if marker else {}
 
 
 def arg(args: Any, name: str) -> Any:

@@ -9,7 +9,9 @@ Variants: `speech` (default when the checkpoint has a talker and token2wav: text
 `text` (thinker only: the talker and token2wav are neither in the graph nor loaded). Every stage loads
 only its own weights. Options as Qwen3-Omni's graph takes them: `device`, `dtype`, `model_id`,
 `threads`, `stage_args` ({stage: {arg: value}}, merged last). A checkpoint written by make_tiny
-(`omni_tiny.json`) is flagged as random weights and gets short default lengths.
+(`omni_tiny.json`) is flagged as random weights and gets short default lengths. So does a
+config-only directory (`omni_random.json`: make_tiny's `full-7b` or `--config-only`), whose every
+model stage also gets `load_format="random"` and draws its weights on its own device (random_load.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from omni.kernel.errors import GraphError
 from omni.kernel.graph import Graph, StageSpec
 from omni.stages.multimodal.graph import multimodal_edges
 from omni.stages.multimodal.graph import settle_context as shared_settle
-from omni.models.qwen2_5_omni.checkpoint.tiny_presets import RANDOM_MARKER, TINY_MARKER
+from omni.models.loading import random_marker, random_stage_args
+from omni.models.qwen2_5_omni.checkpoint.tiny_presets import TINY_MARKER
 from omni.models.qwen2_5_omni.config import SPEAKERS_FILE, load_omni_config
 from omni.models.registry import ModelInfo
 
@@ -59,15 +62,17 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
     if variant == "speech" and not can_speak:
         raise GraphError(f"{model_dir}: no audio output here (no talker / token2wav / speakers); use variant 'text'")
     speaks = variant == "speech"
-    random = (Path(model_dir) / TINY_MARKER).is_file() or (Path(model_dir) / RANDOM_MARKER).is_file()
+    drawn = random_marker(model_dir)  # config only: every model stage draws its weights
+    random = (Path(model_dir) / TINY_MARKER).is_file() or drawn is not None
     lengths = TINY_MAX_TOKENS if random else DEFAULT_MAX_TOKENS
     device, dtype = options.get("device", "cpu"), options.get("dtype")
     voices = voices_of(model_dir) if speaks else []
     threads = int(options.get("threads") or max(1, (os.cpu_count() or 1) // (6 if speaks else 4)))
 
     def stage(name: str, args: dict[str, Any], **spec: Any) -> StageSpec:
-        args = {**args, "threads": threads, **({"dtype": dtype} if dtype and name not in ("preprocess", "token2wav")
-                                               else {}), **options.get("stage_args", {}).get(name, {})}
+        model = name != "preprocess"
+        args = {**args, "threads": threads, **({"dtype": dtype} if dtype and model and name != "token2wav" else {}),
+                **(random_stage_args(drawn) if model else {}), **options.get("stage_args", {}).get(name, {})}
         return StageSpec(name, _KINDS[name], args=args, device="cpu" if name == "preprocess" else device,
                          load=_LOADS.get(name, 1.0), **spec)
 

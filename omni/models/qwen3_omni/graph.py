@@ -29,11 +29,11 @@ from omni.kernel.errors import GraphError
 from omni.kernel.graph import Graph, StageSpec
 from omni.stages.multimodal.graph import multimodal_edges
 from omni.stages.multimodal.graph import settle_context as shared_settle
+from omni.models.loading import random_marker, random_stage_args  # a config-only dir: random weights at load
 from omni.models.registry import ModelInfo
 from omni.layers.openai_voices import openai_voices
 from omni.models.qwen3_omni.config import Qwen3OmniConfig, load_config
 from omni.models.qwen3_omni.checkpoint.make_tiny import TINY_MARKER  # next to a random-weight checkpoint
-from omni.models.qwen3_omni.checkpoint.presets_full import random_marker  # a config-only dir: random weights at load
 
 FAMILY = "qwen3-omni"
 VARIANTS = ("speech", "text")
@@ -86,8 +86,7 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
 
     def stage(name: str, args: dict[str, Any], **spec: Any) -> StageSpec:
         args = {**args, "threads": threads, **({"dtype": dtype} if dtype and name != "preprocess" else {}),
-                **({"load_format": "random", "seed": randomized.get("seed", 0)} if randomized and name != "preprocess"
-                   else {}),
+                **(random_stage_args(randomized) if name != "preprocess" else {}),
                 **options.get("stage_args", {}).get(name, {})}
         return StageSpec(name, _KINDS[name], args=args, device="cpu" if name == "preprocess" else device,
                          load=_LOADS.get(name, 1.0), **spec)

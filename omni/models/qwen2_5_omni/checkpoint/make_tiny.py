@@ -1,5 +1,6 @@
 """Tiny random-weight checkpoints of the whole Qwen2.5-Omni (thinker, talker, token2wav), built with
-transformers' `Qwen2_5OmniForConditionalGeneration`, and the full 7B layout (config only).
+transformers' `Qwen2_5OmniForConditionalGeneration`, and config-only directories that serve random
+weights drawn at load.
 
 Two tiny shapes (tiny_presets.py: layers, heads, GQA ratio, widths, tied / untied embeddings, window
 attention blocks and the token2wav shapes below all differ), laid out as the published checkpoint is:
@@ -7,10 +8,14 @@ attention blocks and the token2wav shapes below all differ), laid out as the pub
 model.safetensors, `spk_dict.pt` = {speaker: {"cond", "ref_mel", "bos_token"}}, the tokenizer
 (omni/layers/tokenizer_offline), `preprocessor_config.json` and `generation_config.json`;
 `omni_tiny.json` says the weights are random. Token2wav's weights are drawn from a generator seeded by
-`seed`, scaled by fan-in so the DiT's velocity and the waveform are audible-scale and not clipped flat;
-the thinker's and talker's are transformers' init at a wide `initializer_range` (greedy outputs varied,
-not near-ties). `full-7b` writes the published sizes without weights (`omni_random.json`): a server
-draws them at load, nothing in CI runs it.
+`seed`, scaled by fan-in so the DiT's velocity and the waveform are audible-scale and not clipped flat
+(random_load.randomize_token2wav_); the thinker's and talker's are transformers' init at a wide
+`initializer_range` (greedy outputs varied, not near-ties).
+
+Without weights (`omni_random.json` instead of model.safetensors; the graph sets `load_format="random"`
+on every model stage, which draws its part on its own device, random_load.py): `full-7b` writes the
+published sizes (for GPU benchmarks: nothing read from disk, no host copy of the weights), and
+`--config-only` a tiny shape's layout (for tests of that path on the CPU).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import json
 from pathlib import Path
 
 from omni.models.qwen2_5_omni.checkpoint.tiny_presets import (FULL, IDS, PREPROCESSOR_CONFIG, PRESETS, TINY_MARKER,
-                                                             build_config, get_preset, speaker_bos, write_full)
+                                                             build_config, get_preset, speaker_bos, write_full,
+                                                             write_random_marker)
 REF_FRAMES = 37
 
 TOKEN2WAV_PRESETS = {
@@ -71,21 +77,6 @@ def build_token2wav_config(preset: str):
     return Qwen2_5OmniToken2WavConfig(**json.loads(json.dumps(TOKEN2WAV_PRESETS[preset])))
 
 
-def _randomize(model, seed: int, post_gain: float = 1.0) -> None:
-    """Every parameter from one seeded generator: matrices ~ N(0, 1/fan_in), vectors small."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            if p.dim() >= 2:
-                fan_in = p[0].numel() if not name.endswith("codec_embed.weight") else 1
-                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
-            else:
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-        model.code2wav_bigvgan_model.conv_post.weight.mul_(post_gain)
-
-
 def _speakers(cfg, seed: int, bos_tokens: dict[str, int]) -> dict:
     import torch
 
@@ -97,13 +88,15 @@ def _speakers(cfg, seed: int, bos_tokens: dict[str, int]) -> dict:
             for i, (name, bos) in enumerate(bos_tokens.items())}
 
 
-def make_tiny(out_dir: str | Path, seed: int = 0, preset: str = "tiny-a") -> Path:
-    """Write a tiny Qwen2.5-Omni checkpoint (or `full-7b`'s config only) to `out_dir`; returns it."""
+def make_tiny(out_dir: str | Path, seed: int = 0, preset: str = "tiny-a", config_only: bool = False) -> Path:
+    """Write a tiny Qwen2.5-Omni checkpoint to `out_dir` (`config_only`, or preset `full-7b`: no
+    weights, `omni_random.json` instead); returns it."""
     import torch
     from transformers import GenerationConfig, Qwen2_5OmniForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
     from omni.layers.tokenizer_offline import save_tokenizer
+    from omni.models.qwen2_5_omni.checkpoint.random_load import randomize_token2wav_
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -114,31 +107,42 @@ def make_tiny(out_dir: str | Path, seed: int = 0, preset: str = "tiny-a") -> Pat
     hf_logging.set_verbosity_error()  # the ids of the thinker's vocabulary in the talker's config warn
     try:
         config = build_config(p, build_token2wav_config(preset))
-        torch.manual_seed(seed)
-        model = Qwen2_5OmniForConditionalGeneration(config).eval()
+        generation = GenerationConfig(eos_token_id=IDS["<|im_end|>"])
+        if config_only:
+            config.save_pretrained(str(out))
+            generation.save_pretrained(str(out))
+        else:
+            torch.manual_seed(seed)
+            model = Qwen2_5OmniForConditionalGeneration(config).eval()
+            randomize_token2wav_(model.token2wav, seed, POST_GAIN[preset])
+            model.generation_config = generation
+            model.save_pretrained(str(out), safe_serialization=True)
     finally:
         hf_logging.set_verbosity(verbosity)
-    _randomize(model.token2wav, seed, POST_GAIN[preset])
-    model.generation_config = GenerationConfig(eos_token_id=IDS["<|im_end|>"])
-    model.save_pretrained(str(out), safe_serialization=True)
     save_tokenizer(out)
     (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n")
     torch.save(_speakers(config.token2wav_config, seed, speaker_bos()), out / "spk_dict.pt")
-    (out / TINY_MARKER).write_text(json.dumps({"random_weights": True, "preset": preset, "seed": seed}))
+    if config_only:
+        write_random_marker(out, preset, seed)
+    else:
+        (out / TINY_MARKER).write_text(json.dumps({"random_weights": True, "preset": preset, "seed": seed}))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`omnid make-tiny qwen2.5-omni DIR [--preset tiny-a|tiny-b|full-7b] [--seed N]`."""
+    """`omnid make-tiny qwen2.5-omni DIR [--preset tiny-a|tiny-b|full-7b] [--seed N] [--config-only]`."""
     parser = argparse.ArgumentParser(prog="omnid make-tiny qwen2.5-omni", description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", metavar="DIR")
     parser.add_argument("--preset", choices=[*sorted(PRESETS), FULL], default="tiny-a",
                         help="tiny-a / tiny-b: tiny random shapes (noise in, noise out); full-7b: the published "
-                             "sizes, config only (a server draws random weights at load)")
+                             "sizes without weights (each stage draws its random weights at load)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config-only", action="store_true",
+                        help="a tiny preset's layout without weights: the server draws them at load, as for full-7b")
     args = parser.parse_args(argv)
-    path = make_tiny(args.out_dir, args.seed, args.preset)
-    print(f"omnid: wrote a random Qwen2.5-Omni ({args.preset}) to {path}", flush=True)
+    path = make_tiny(args.out_dir, args.seed, args.preset, config_only=args.config_only)
+    what = f"{args.preset}, no weights: drawn at load" if args.config_only or args.preset == FULL else args.preset
+    print(f"omnid: wrote a random Qwen2.5-Omni ({what}) to {path}", flush=True)
     return 0
 
 

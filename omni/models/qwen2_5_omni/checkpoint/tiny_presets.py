@@ -1,4 +1,5 @@
-"""Sizes of the random Qwen2.5-Omni checkpoints `make_tiny` writes, and their transformers config.
+"""Sizes of the random Qwen2.5-Omni checkpoints `make_tiny` writes, their transformers config, and
+the published 7B layout without weights (`write_full`; every stage draws its weights at load).
 
 The two tiny shapes differ in what omni's code must not hard-code: layers, heads, the GQA ratio,
 head and hidden widths, tied or untied thinker embeddings, the audio encoder's chunk (`n_window`), the
@@ -16,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omni.layers.tokenizer_offline import token_ids, vocab_size
+from omni.models.loading import RANDOM_MARKER
 
-TINY_MARKER = "omni_tiny.json"
-RANDOM_MARKER = "omni_random.json"  # a config-only directory: weights are drawn at load
+TINY_MARKER = "omni_tiny.json"  # next to random weights written out
 FULL = "full-7b"
 IDS = token_ids()
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
@@ -159,9 +160,15 @@ FULL_SIZES = TinyPreset(thinker_layers=28, thinker_hidden=3584, thinker_heads=28
                         talker_head_dim=64)
 
 
+def write_random_marker(out: Path, preset: str, seed: int) -> None:
+    """`omni_random.json`: the directory has no weights, every model stage draws them (seeded) at load."""
+    marker = {"random_weights": True, "load_format": "random", "preset": preset, "seed": seed}
+    (out / RANDOM_MARKER).write_text(json.dumps(marker) + "\n")
+
+
 def write_full(out: Path, seed: int) -> Path:
     """The 7B layout without weights: config.json, a tokenizer at the real Qwen ids (byte-level, no merges),
-    the processor config, speakers, and `omni_random.json` (weights drawn at load)."""
+    the processor config, speakers, and `omni_random.json` (each stage draws its weights on its device)."""
     import torch
     from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniToken2WavConfig
 
@@ -188,5 +195,5 @@ def write_full(out: Path, seed: int) -> Path:
                        "ref_mel": torch.randn(1, 37, dit["mel_dim"], generator=g) - 4.0, "bos_token": bos}
                 for name, bos in {"Chelsie": 151870, "Ethan": 151871}.items()}
     torch.save(speakers, out / "spk_dict.pt")
-    (out / RANDOM_MARKER).write_text(json.dumps({"random_weights": True, "preset": FULL, "seed": seed}) + "\n")
+    write_random_marker(out, FULL, seed)
     return out

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from omni.models.loading import load_part
+from omni.models.qwen2_5_omni.checkpoint.random_load import random_part
 from omni.models.qwen2_5_omni.modules.audio_encoder import AudioEncoder, AudioFeaturesEncoder
 from omni.models.qwen2_5_omni.modules.vision_encoder import ImagePatchesEncoder, VisionEncoder
 from omni.models.qwen2_5_omni.stages.args import EncoderPartArgs
@@ -14,11 +17,13 @@ class AudioEncoderStage(EncoderStage):
     Args = EncoderPartArgs
 
     def build_encoder(self) -> AudioFeaturesEncoder:
-        return AudioFeaturesEncoder(load_part(AudioEncoder, self.ctx.args, self.ctx.device))
+        return AudioFeaturesEncoder(load_part(AudioEncoder, self.ctx.args, self.ctx.device,
+                                              random=partial(random_part, "audio_encoder")))
 
 
 class VisionEncoderStage(EncoderStage):
     Args = EncoderPartArgs
 
     def build_encoder(self) -> ImagePatchesEncoder:
-        return ImagePatchesEncoder(load_part(VisionEncoder, self.ctx.args, self.ctx.device))
+        return ImagePatchesEncoder(load_part(VisionEncoder, self.ctx.args, self.ctx.device,
+                                              random=partial(random_part, "vision_encoder")))

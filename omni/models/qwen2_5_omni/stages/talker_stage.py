@@ -16,6 +16,7 @@ and Emit(rid, finish=True) at the stop code or max_tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ import torch
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit
 from omni.models.loading import load_part
+from omni.models.qwen2_5_omni.checkpoint.random_load import random_part
 from omni.stages.multimodal.request import voice_of, wants_audio
 from omni.models.qwen2_5_omni.modules.talker import STATE_KEY, Qwen2_5OmniTalker, ThinkerRows, prompt_rows
 from omni.models.qwen2_5_omni.stages.args import TalkerArgs
@@ -61,7 +63,8 @@ class TalkerStage(ARStage):
         args = self.ctx.args
         if args.model is not None:
             return args.model
-        return load_part(Qwen2_5OmniTalker, args, self.ctx.device, default_dtype="float32")
+        return load_part(Qwen2_5OmniTalker, args, self.ctx.device,
+                         random=partial(random_part, "talker"), default_dtype="float32")
 
     def engine_ready(self) -> None:
         self.model: Qwen2_5OmniTalker = self.engine.model

@@ -5,9 +5,11 @@ taps for the talker: 0 (embeddings) and the last (the final normed hidden), when
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 from omni.models.loading import load_part
+from omni.models.qwen2_5_omni.checkpoint.random_load import random_part
 from omni.stages.multimodal.lm_stage import MultimodalLMStage as SharedThinkerStage
 from omni.models.qwen2_5_omni.config import load_omni_config
 from omni.models.qwen2_5_omni.modules.thinker import Qwen2_5OmniThinker
@@ -42,4 +44,5 @@ class ThinkerStage(SharedThinkerStage):
             return args.model
         if not args.model_dir:
             return super().build_model()
-        return load_part(Qwen2_5OmniThinker, args, self.ctx.device, default_dtype="float32")
+        return load_part(Qwen2_5OmniThinker, args, self.ctx.device,
+                         random=partial(random_part, "thinker"), default_dtype="float32")

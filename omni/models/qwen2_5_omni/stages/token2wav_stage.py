@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from omni.models.loading import load_part
+from omni.models.qwen2_5_omni.checkpoint.random_load import random_part
 from omni.models.qwen2_5_omni.modules.token2wav import Token2Wav
 from omni.models.qwen2_5_omni.stages.args import Token2WavArgs
 from omni.stages.diffusion import DiffusionStage
@@ -14,4 +17,5 @@ class Token2WavStage(DiffusionStage):
     Args = Token2WavArgs
 
     def build_model(self) -> Token2Wav:
-        return load_part(Token2Wav, vars(self.ctx.args), self.ctx.device, default_dtype="float32")
+        return load_part(Token2Wav, vars(self.ctx.args), self.ctx.device,
+                         random=partial(random_part, "token2wav"), default_dtype="float32")

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from omni.layers.tokenizer_offline_full import build_tokenizer
+from omni.models.loading import RANDOM_MARKER
 
 PRESET = "qwen3-omni-30b-a3b"
-RANDOM_MARKER = "omni_random.json"  # next to config.json: the stages draw random weights
 
 _ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "interleaved": True, "mrope_interleaved": True,
          "mrope_section": [24, 20, 20]}
@@ -164,17 +164,6 @@ def write_random_model_dir(out_dir: str | Path, config: dict[str, Any] | None = 
               "preset": preset}
     (out / RANDOM_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     return out
-
-
-def random_marker(model_dir: str | Path) -> dict[str, Any] | None:
-    """The marker's contents when `model_dir` is a random-weight dir, else None."""
-    path = Path(model_dir) / RANDOM_MARKER
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        return {"random_weights": True, "load_format": "random"}
 
 
 def main(argv: list[str] | None = None) -> int:

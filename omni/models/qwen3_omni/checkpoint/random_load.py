@@ -3,16 +3,13 @@ on the target device (no checkpoint on disk, no host copy), same shapes, dtype a
 the real model. For benchmarks at full size (see `presets_full`), and for tests.
 
 Parameters: N(0, std) from one generator seeded by `seed` on the target device, in
-parameter-name order (so a seed always gives the same weights on that device); norm weights
-are 1 and biases 0 so activations stay in range through 48 layers. Non-parameter tensors
-(rotary `inv_freq`, sinusoid tables, code offsets, the talker's tts rows) are recomputed after
-`to_empty`, which leaves them uninitialised; `check_materialized` fails loudly if one is missed.
+parameter-name order (omni/layers/random_init.py); norm weights are 1 and biases 0 so activations
+stay in range through 48 layers. Non-parameter tensors (rotary `inv_freq`, sinusoid tables, code
+offsets, the talker's tts rows) are recomputed after `to_empty`, which leaves them uninitialised.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from typing import Any
 
 import torch
@@ -21,81 +18,17 @@ from torch import nn
 from omni.layers.fp8 import device_runs_fp8
 from omni.layers.fp8_format import checkpoint_format, requested
 from omni.layers.fp8_modules import quantize_
+from omni.layers.random_init import DEFAULT_STD, randomized
 from omni.layers.rotary import rope_inv_freq
 from omni.models.loading import arg, load_format, model_dir
 from omni.models.weights import CheckpointError
-
-DEFAULT_STD = 0.02
-
-# torch's default dtype is process-wide: stages setting up at once in one process (inline mode) take turns
-_DEFAULT_DTYPE_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _meta(dtype: torch.dtype):
-    with _DEFAULT_DTYPE_LOCK, _default_dtype(dtype), torch.device("meta"):
-        yield
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-def _is_norm(module: nn.Module) -> bool:
-    return "Norm" in type(module).__name__
-
-
-@torch.no_grad()
-def randomize_(module: nn.Module, device, seed: int = 0, std: float = DEFAULT_STD) -> nn.Module:
-    """Allocate `module`'s parameters and buffers on `device` (uninitialised) and draw the parameters."""
-    module.to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(int(seed))
-    owners = {f"{mod_name}.{p_name}" if mod_name else p_name: mod
-              for mod_name, mod in module.named_modules() for p_name, _ in mod.named_parameters(recurse=False)}
-    for name, param in sorted(module.named_parameters()):
-        if name.endswith("bias"):
-            param.zero_()
-        elif _is_norm(owners[name]):
-            param.fill_(1.0)
-        elif param.is_floating_point():
-            param.normal_(0.0, std, generator=gen)
-    module.requires_grad_(False)
-    return module.eval()
-
-
-def check_materialized(module: nn.Module) -> None:
-    """No parameter, buffer or tensor attribute may still be on the meta device."""
-    for mod_name, mod in module.named_modules():
-        tensors = list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False))
-        tensors += [(k, v) for k, v in vars(mod).items() if isinstance(v, torch.Tensor)]
-        for name, t in tensors:
-            if t.is_meta:
-                raise RuntimeError(f"random load left {mod_name + '.' if mod_name else ''}{name} on the meta device")
-
-
-@contextlib.contextmanager
-def _randomized(make, device, dtype: torch.dtype, seed: int, std: float):
-    """`make()` built on the meta device, its parameters drawn on `device`; the body refills the
-    non-parameter tensors (under no_grad), then every tensor must be materialized."""
-    with _meta(dtype):
-        model = make()
-    randomize_(model, device, seed, std)
-    with torch.no_grad():
-        yield model
-    check_materialized(model)
 
 
 def random_thinker(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: float = DEFAULT_STD):
     """`Qwen3OmniThinker` (text model + lm_head) of `cfg` (a ThinkerConfig) with random weights."""
     from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
 
-    with _randomized(lambda: Qwen3OmniThinker(cfg, dtype), device, dtype, seed, std) as model:
+    with randomized(lambda: Qwen3OmniThinker(cfg, dtype), device, dtype, seed, std) as model:
         model.inv_freq = rope_inv_freq(cfg.text.head_dim, cfg.text.rope_theta).to(device)
     return model
 
@@ -106,7 +39,7 @@ def random_talker(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std: f
     from omni.models.qwen3_omni.modules.talker import TalkerModel
 
     t = cfg.talker
-    with _randomized(lambda: TalkerModel(cfg), device, dtype, seed, std) as model:
+    with randomized(lambda: TalkerModel(cfg), device, dtype, seed, std) as model:
         model.inv_freq = rope_inv_freq(t.text.head_dim, t.text.rope_theta).to(device)
         model.code_predictor.inv_freq = rope_inv_freq(t.code_predictor.head_dim, t.code_predictor.rope_theta).to(device)
         gen = torch.Generator(device=device).manual_seed(int(seed) + 1)
@@ -119,7 +52,7 @@ def random_code2wav(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, std:
     """`Code2Wav` of `cfg` (a Code2WavConfig)."""
     from omni.models.qwen3_omni.modules.code2wav import Code2Wav
 
-    with _randomized(lambda: Code2Wav(cfg), device, dtype, seed, std) as model:
+    with randomized(lambda: Code2Wav(cfg), device, dtype, seed, std) as model:
         model.code_offset = (torch.arange(cfg.num_quantizers, device=device).view(1, -1, 1) * cfg.codebook_size)
         model.pre_transformer.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, device)
     return model
@@ -130,7 +63,7 @@ def random_audio_encoder(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0,
     from omni.layers.transformer import sinusoids
     from omni.models.qwen3_omni.modules.audio_encoder import AudioEncoder
 
-    with _randomized(lambda: AudioEncoder(cfg), device, dtype, seed, std) as model:
+    with randomized(lambda: AudioEncoder(cfg), device, dtype, seed, std) as model:
         model.positions = sinusoids(cfg.max_source_positions, cfg.d_model).to(device)  # float32, as a real load
     return model
 
@@ -139,7 +72,7 @@ def random_vision_encoder(cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0
     """`VisionEncoder` of `cfg` (a VisionEncoderConfig)."""
     from omni.models.qwen3_omni.modules.vision_encoder import VisionEncoder, vision_inv_freq
 
-    with _randomized(lambda: VisionEncoder(cfg), device, dtype, seed, std) as model:
+    with randomized(lambda: VisionEncoder(cfg), device, dtype, seed, std) as model:
         model.inv_freq = vision_inv_freq(cfg, device)
     return model
 

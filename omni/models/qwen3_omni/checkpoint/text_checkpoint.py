@@ -76,10 +76,10 @@ def thinker_config_from_qwen3_moe(raw: dict[str, Any]) -> ThinkerConfig:
 
 
 def _meta_thinker(cfg: ThinkerConfig, dtype: torch.dtype):
-    from omni.models.qwen3_omni.checkpoint.random_load import _meta
+    from omni.layers.random_init import meta
     from omni.models.qwen3_omni.modules.thinker import Qwen3OmniThinker
 
-    with _meta(dtype):
+    with meta(dtype):
         return Qwen3OmniThinker(cfg, dtype)
 
 
@@ -168,7 +168,7 @@ def load_text_thinker(text_dir: str | Path, device: str = "cpu", dtype: torch.dt
     """`Qwen3OmniThinker` (what omni's AR engine runs for the thinker) with the weights of a Qwen3-MoE
     checkpoint directory: the same tensors SGLang loads from it. Built on the meta device, the
     tensors read straight onto `device` (no second copy of the model in host memory)."""
-    from omni.models.qwen3_omni.checkpoint.random_load import check_materialized
+    from omni.layers.random_init import check_materialized
     from omni.models.qwen3_omni.modules.thinker_layers import text_state_dict
 
     from omni.layers.fp8 import device_runs_fp8, resolve_state

@@ -83,14 +83,14 @@ class Qwen3OmniThinker(nn.Module, ThinkerLM, ARModel):
         e4m3 on a device with FP8 kernels; elsewhere they are dequantized to `dtype` (`omni.layers.fp8`).
         Built on the meta device and filled with the tensors read straight onto `device`: no second copy
         of the model in host memory (61 GB at full size in bf16)."""
-        from omni.models.qwen3_omni.checkpoint.random_load import _meta, check_materialized
+        from omni.layers.random_init import check_materialized, meta
 
         full = load_config(ckpt_dir)
         dtype = dtype or torch.float32
         fmt, keep = checkpoint_format(full.raw), device_runs_fp8(device)
         state = load_state_dict(ckpt_dir, "thinker", device=str(device), dtype=dtype, fp8=True)
         state = resolve_state(state, fmt, dtype, keep, where=f"{ckpt_dir} (thinker)")
-        with _meta(dtype):
+        with meta(dtype):
             model = cls(full.thinker, dtype)
         model.load_weights(state, assign=True)
         del state
