@@ -134,6 +134,9 @@ def test_the_full_7b_layout_draws_every_stage(tmp_path):
         assert args.dtype == ("" if name == "token2wav" else "bfloat16"), name  # token2wav runs in fp32
     assert stage_args(specs["talker"]).default_sampling["max_tokens"] == TINY_MAX_TOKENS["talker"]
     assert "load_format" not in specs["preprocess"].args
+    from omni.models.qwen2_5_omni.stages.thinker_stage import eos_ids
+
+    assert eos_ids(path) == (151645,)  # no generation_config.json: the tokenizer's <|im_end|> (an H200 start failed here)
     cfg = load_omni_config(path)
     with meta(torch.bfloat16):  # the shapes only: nothing is allocated
         thinker = Qwen2_5OmniThinker(cfg.thinker, torch.bfloat16)

@@ -23,7 +23,7 @@ def eos_ids(model_dir: str | Path) -> tuple[int, ...]:
     if eos is None:
         from omni.stages.ar.detokenizer import load_tokenizer
 
-        eos = load_tokenizer(str(model_dir)).convert_tokens_to_ids("<|im_end|>")
+        eos = load_tokenizer(str(model_dir)).token_to_id("<|im_end|>")  # a `tokenizers` Tokenizer
     return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
 
 
