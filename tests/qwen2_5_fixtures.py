@@ -3,6 +3,7 @@ transformers' own `Qwen2_5OmniProcessor` (built offline), so omni's preprocessin
 
 from __future__ import annotations
 
+import contextlib
 from unittest import mock
 
 import numpy as np
@@ -77,3 +78,17 @@ def _hf_processor(tokenizer):
         return Qwen2_5OmniProcessor(image_processor=images, video_processor=None,
                                     feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tokenizer,
                                     chat_template=tokenizer.chat_template)
+
+
+@contextlib.contextmanager
+def served_tiny(preset: str, loop, tmp_path_factory):
+    """A tiny Qwen2.5-Omni of `preset` served inline (a short ODE: the audio's length counts in tests):
+    (checkpoint path, graph info, running kernel)."""
+    from omni.models.qwen2_5_omni.checkpoint.make_tiny import make_tiny
+    from omni.models.qwen2_5_omni.graph import build
+    from qwen3_fixtures import RunningKernel, expose_codes
+
+    path = str(make_tiny(tmp_path_factory.mktemp(preset), seed=0, preset=preset))
+    graph, info = build(path, stage_args={"token2wav": {"num_steps": 2}})
+    with RunningKernel(loop, expose_codes(graph), mode="inline") as kernel:
+        yield path, info, kernel

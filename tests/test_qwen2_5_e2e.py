@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from omni.models.qwen2_5_omni.checkpoint.make_tiny import make_tiny
 from omni.models.qwen2_5_omni.graph import build
 from omni.models.registry import REGISTRY
-from qwen2_5_fixtures import Oracle25
+from qwen2_5_fixtures import Oracle25, served_tiny
 import numpy as np  # noqa: E402
 
-from qwen3_fixtures import LoopThread, RunningKernel, expose_codes, params, prompts
+from qwen3_fixtures import LoopThread, params, prompts
 
 pytest.importorskip("transformers")
 
@@ -32,11 +31,8 @@ def loop():
 
 @pytest.fixture(scope="module", params=["tiny-a", "tiny-b"])
 def served(request, loop, tmp_path_factory):
-    ckpt = str(make_tiny(tmp_path_factory.mktemp(request.param), seed=0, preset=request.param))
-    oracle = Oracle25(ckpt)
-    graph, info = build(ckpt, stage_args={"token2wav": {"num_steps": 2}})  # a short ODE: the audio's length counts here
-    with RunningKernel(loop, expose_codes(graph), mode="inline") as kernel:
-        yield oracle, kernel, info, request.param
+    with served_tiny(request.param, loop, tmp_path_factory) as (ckpt, info, kernel):
+        yield Oracle25(ckpt), kernel, info, request.param
 
 
 def _ask(messages):

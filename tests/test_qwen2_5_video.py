@@ -31,11 +31,10 @@ from omni.api.media import MediaLimits, decode_audio_bytes
 from omni.layers.mrope_index import VisionGrid, rope_index
 from omni.layers.video_frames import decode
 from omni.layers.video_patches import FpsFrameRule, video_to_patches
-from omni.models.qwen2_5_omni.checkpoint.make_tiny import make_tiny
 from omni.models.qwen2_5_omni.graph import build
 from omni.models.qwen2_5_omni.stages.preprocess_stage import preprocessor
-from qwen2_5_fixtures import Oracle25
-from qwen3_fixtures import IM_END, LoopThread, RunningKernel, expose_codes, params, summarize
+from qwen2_5_fixtures import Oracle25, served_tiny
+from qwen3_fixtures import IM_END, LoopThread, params, summarize
 from test_api_qwen2_5 import ckpt, server  # noqa: F401 (fixtures: a served tiny-a checkpoint)
 from test_api_support import LiveServer
 from video_fixtures import video_bytes
@@ -64,9 +63,7 @@ def loop():
 
 @pytest.fixture(scope="module", params=["tiny-a", "tiny-b"])
 def served(request, loop, tmp_path_factory):
-    path = str(make_tiny(tmp_path_factory.mktemp(request.param), seed=0, preset=request.param))
-    graph, _ = build(path, stage_args={"token2wav": {"num_steps": 2}})
-    with RunningKernel(loop, expose_codes(graph), mode="inline") as kernel:
+    with served_tiny(request.param, loop, tmp_path_factory) as (path, _, kernel):
         yield Oracle25(path), preprocessor(path), kernel, path
 
 

@@ -22,7 +22,8 @@ from omni.models.qwen3_omni.checkpoint.presets_full import (
     write_random_model_dir,
 )
 from omni.layers.random_init import check_materialized
-from omni.models.qwen3_omni.checkpoint.random_load import load_format, random_part, random_thinker
+from omni.models.loading import load_format
+from omni.models.qwen3_omni.checkpoint.random_load import random_part, random_thinker
 from omni.layers.tokenizer_offline_full import SPECIAL_IDS
 from omni.models.weights import CheckpointError
 from omni.stages.ar.config import EngineConfig

@@ -56,6 +56,17 @@ def model_dir(args: Any) -> str | None:
     return found if isinstance(found, str) else None
 
 
+def random_dir(part: str, args: Any) -> str | None:
+    """The model dir whose config `part` draws its random weights from, or None when its args do not
+    say `load_format="random"`; a typed error when they name no model dir."""
+    if load_format(args) != "random":
+        return None
+    where = model_dir(args)
+    if where is None:
+        raise CheckpointError(f"{part}: load_format='random' needs a model_dir with a config.json")
+    return where
+
+
 def load_part(cls, args: Any, device, random: Callable[[Any, Any], Any] | None = None,
               default_dtype: str | None = None):
     """`random(args, device)` when the args say `load_format="random"`, else `cls.from_checkpoint`

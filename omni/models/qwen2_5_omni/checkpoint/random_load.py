@@ -21,7 +21,7 @@ from torch import nn
 
 from omni.layers.random_init import DEFAULT_STD, fan_in_randomize_, randomized
 from omni.layers.rotary import rope_inv_freq
-from omni.models.loading import arg, load_format, model_dir
+from omni.models.loading import arg, random_dir
 from omni.models.weights import CheckpointError
 
 PCM_RMS = 0.1  # the random vocoder's output level on a probe mel (its samples clip at +-1)
@@ -123,14 +123,12 @@ def random_part(part: str, args: Any, device) -> nn.Module | None:
     Reads the config (and for the talker and token2wav, the speakers of `spk_dict.pt`) from the
     args' model dir; `dtype` defaults to float32 (as the family's checkpoint loads do); `seed`
     (default 0) picks the weights, each part its own stream of them."""
-    if load_format(args) != "random":
+    where = random_dir(part, args)
+    if where is None:
         return None
     from omni.models.qwen2_5_omni.config import load_omni_config
     from omni.models.qwen2_5_omni.modules.token2wav import load_speakers
 
-    where = model_dir(args)
-    if where is None:
-        raise CheckpointError(f"{part}: load_format='random' needs a model_dir with a config.json")
     cfg = load_omni_config(where)
     if part in ("talker", "token2wav") and (cfg.talker is None or cfg.token2wav is None):
         raise CheckpointError(f"{where} has no audio output, so no {part}")

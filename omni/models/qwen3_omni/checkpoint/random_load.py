@@ -20,7 +20,7 @@ from omni.layers.fp8_format import checkpoint_format, requested
 from omni.layers.fp8_modules import quantize_
 from omni.layers.random_init import DEFAULT_STD, randomized
 from omni.layers.rotary import rope_inv_freq
-from omni.models.loading import arg, load_format, model_dir
+from omni.models.loading import arg, random_dir
 from omni.models.weights import CheckpointError
 
 
@@ -93,13 +93,11 @@ def random_part(part: str, args: Any, device) -> nn.Module | None:
     (the published weights' dtype); `seed` (default 0) picks the weights. A thinker or talker is
     quantized to FP8 when the config declares it (`quantization_config`) or the args ask for it.
     """
-    if load_format(args) != "random":
+    where = random_dir(part, args)
+    if where is None:
         return None
     from omni.models.qwen3_omni.config import load_config
 
-    where = model_dir(args)
-    if where is None:
-        raise CheckpointError(f"{part}: load_format='random' needs a model_dir with a config.json")
     cfg = load_config(where)
     if part not in ("thinker", "audio_encoder", "vision_encoder") and cfg.talker is None:
         raise CheckpointError(f"{where} has no audio output, so no {part}")
