@@ -49,3 +49,13 @@ def exact_cuda():
     torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """An event loop on its own thread for a module's in-process kernels (qwen3_fixtures.RunningKernel)."""
+    from qwen3_fixtures import LoopThread
+
+    thread = LoopThread()
+    yield thread
+    thread.close()

@@ -14,19 +14,12 @@ from omni.models.registry import REGISTRY
 from qwen2_5_fixtures import Oracle25, served_tiny
 import numpy as np  # noqa: E402
 
-from qwen3_fixtures import LoopThread, params, prompts
+from qwen3_fixtures import params, prompts
 
 pytest.importorskip("transformers")
 
 THINKER, TALKER = 12, 30
 KINDS = ["text", "audio", "image", "audios", "images"]
-
-
-@pytest.fixture(scope="module")
-def loop():
-    thread = LoopThread()
-    yield thread
-    thread.close()
 
 
 @pytest.fixture(scope="module", params=["tiny-a", "tiny-b"])

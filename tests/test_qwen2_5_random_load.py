@@ -17,7 +17,7 @@ from omni.models.qwen2_5_omni.checkpoint.make_tiny import make_tiny
 from omni.models.qwen2_5_omni.checkpoint.random_load import random_part
 from omni.models.qwen2_5_omni.graph import TINY_MAX_TOKENS, build
 from omni.models.weights import CheckpointError
-from qwen3_fixtures import LoopThread, RunningKernel, params, prompts
+from qwen3_fixtures import RunningKernel, params, prompts
 
 pytest.importorskip("transformers")
 
@@ -91,13 +91,6 @@ def test_the_random_vocoder_is_audible_and_not_clipped(config_only):
     pcm = vocoder(mel)[0]
     assert torch.isfinite(pcm).all() and 0.02 < float(pcm.pow(2).mean().sqrt()) < 0.5
     assert float((pcm.abs() >= 0.999).float().mean()) < 0.05
-
-
-@pytest.fixture(scope="module")
-def loop():
-    thread = LoopThread()
-    yield thread
-    thread.close()
 
 
 def test_the_graph_serves_a_spoken_chat(config_only, loop):

@@ -34,7 +34,7 @@ from omni.layers.video_patches import FpsFrameRule, video_to_patches
 from omni.models.qwen2_5_omni.graph import build
 from omni.models.qwen2_5_omni.stages.preprocess_stage import preprocessor
 from qwen2_5_fixtures import Oracle25, served_tiny
-from qwen3_fixtures import IM_END, LoopThread, params, summarize
+from qwen3_fixtures import IM_END, params, summarize
 from test_api_qwen2_5 import ckpt, server  # noqa: F401 (fixtures: a served tiny-a checkpoint)
 from test_api_support import LiveServer
 from video_fixtures import video_bytes
@@ -52,13 +52,6 @@ CLIPS = {  # name: video_bytes arguments
 @pytest.fixture(scope="module")
 def clips():
     return {name: video_bytes(**kw) for name, kw in CLIPS.items()}
-
-
-@pytest.fixture(scope="module")
-def loop():
-    thread = LoopThread()
-    yield thread
-    thread.close()
 
 
 @pytest.fixture(scope="module", params=["tiny-a", "tiny-b"])

@@ -21,7 +21,7 @@ from omni.models.registry import ModelInfo
 from omni.models.qwen3_omni.graph import build
 from omni.models.qwen3_omni.checkpoint.make_tiny import make_tiny
 from omni.models.qwen3_omni.request import SPEECH_INSTRUCTION
-from qwen3_fixtures import IM_END, LoopThread, Oracle, Reference, Result, RunningKernel, expose_codes, params, prompts
+from qwen3_fixtures import IM_END, Oracle, Reference, Result, RunningKernel, expose_codes, params, prompts
 
 pytest.importorskip("transformers")
 
@@ -40,13 +40,6 @@ class System:
     kernel: RunningKernel
     refs: dict[str, Reference]
     results: dict[str, Result]
-
-
-@pytest.fixture(scope="module")
-def loop():
-    thread = LoopThread()
-    yield thread
-    thread.close()
 
 
 @pytest.fixture(scope="module", params=PRESETS)
