@@ -38,11 +38,11 @@ from omni.stages.args import coerce_args
 from omni.stages.ar.engine import AREngine, StepOutput
 from omni.stages.ar.model_api import ARModel
 from omni.stages.ar.sequence import SamplingParams
+from omni.stages.batched_emits import batch_chunks
 from omni.stages.gpu_memory import gpu_memory
 from omni.stages.sampling import merged_sampling
 from omni.stages.step_profiler import StepProfiler
 from omni.stages.threads import pin_torch_threads
-from omni.stages.batched_emits import batch_chunks
 
 log = logging.getLogger("omni.ar.stage")
 
@@ -66,6 +66,7 @@ def copy_input(value: Any) -> Any:
 class ARStage(Stage):
     text_port = "text"
     hidden_port = "hidden"
+    batched_ports = ("hidden",)  # a step's one-row chunks on these go as one message (batched_emits.py)
     Args: type[ARArgs] = ARArgs
     # The SGLang model class ("package:Class") serving this stage's checkpoint with tap layers'
     # hidden states (backend="sglang" with taps); the family names it, the backend names none.
@@ -252,7 +253,9 @@ class ARStage(Stage):
             outputs = self.engine.step()
         for out in outputs:
             emits.extend(self.emits_for(out))
-        return batch_chunks(emits, self.hidden_port)  # the step's hidden rows of every stream: one message
+        for port in self.batched_ports:
+            emits = batch_chunks(emits, port)
+        return emits
 
     def emits_for(self, out: StepOutput) -> list[Emit]:
         if out.error is not None:

@@ -18,7 +18,6 @@ import numpy as np
 from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, StageContext
 from omni.layers.fused_ops import use_fused_ops
-from omni.stages.batched_emits import batch_chunks
 from omni.layers.moe_routed import use_moe_backend
 from omni.stages.ar.engine import StepOutput
 from omni.stages.ar.sequence import SamplingParams
@@ -47,6 +46,7 @@ class CodecLMStage(ARStage):
     in `_streams`)."""
 
     codes_port = "codes"
+    batched_ports = ("hidden", "codes")  # every stream's frame of a step: one batched emit
     Args = CodecLMArgs
 
     def __init__(self, ctx: StageContext) -> None:
@@ -104,10 +104,6 @@ class CodecLMStage(ARStage):
             self._streams.pop(out.rid, None)
             emits.append(Emit(out.rid, finish=True))
         return emits
-
-    def step(self) -> list[Emit]:
-        """The step's frames of every stream as one batched emit, where the first of them was."""
-        return batch_chunks(super().step(), self.codes_port)
 
     def backlog(self) -> int:
         waiting = len(self.engine.scheduler.waiting) if self.engine else 0
