@@ -91,6 +91,7 @@ def stage_timeline(before: dict[str, Any], after: dict[str, Any]) -> dict[str, A
                            "seconds": {k: None if v is None else round(v, 4) for k, v in seconds.items()}}
     if "gpu_reserved_bytes" in after:
         row["gpu_reserved_gb"] = round(after["gpu_reserved_bytes"] / 2**30, 2)
+    row["gauges"] = {k: v for k, v in after.items() if k != "time_s"}  # the stage's own stats at the level's end
     for rows_key, steps_key in ROWS_PER_STEP:
         if rows_key in after and steps_key in after:
             n = after[steps_key] - before.get(steps_key, 0.0)

@@ -134,3 +134,25 @@ def test_the_full_7b_layout_draws_every_stage(tmp_path):
     with meta(torch.bfloat16):  # the shapes only: nothing is allocated
         thinker = Qwen2_5OmniThinker(cfg.thinker, torch.bfloat16)
     assert 7.0e9 < sum(p.numel() for p in thinker.parameters()) < 8.0e9
+
+
+def test_the_7b_talker_never_samples_a_code_token2wav_cannot_take(tmp_path):
+    """The published talker vocabulary (8,448) runs past token2wav's codebook (8,194): random weights
+    sampled codes there and every such stream failed at token2wav on the H200 (2026-12-04 call1)."""
+    from omni.models.qwen2_5_omni.config import load_omni_config
+    from omni.models.qwen2_5_omni.modules.talker import Qwen2_5OmniTalker
+    from omni.stages.ar.sampler import SuppressTokens
+
+    cfg = load_omni_config(str(make_tiny(tmp_path / "f", seed=7, preset="full-7b")))
+    with meta(torch.bfloat16):
+        talker = Qwen2_5OmniTalker(cfg, {}, {})
+    vocab, codebook = cfg.talker.text.vocab_size, cfg.token2wav.dit.num_embeds + 1
+    assert (vocab, codebook) == (8448, 8194)
+    suppress = SuppressTokens(talker.never_sampled(), vocab, "cpu")
+    logits = torch.arange(vocab, dtype=torch.float32)[None].repeat(3, 1)  # the top ids win greedily
+    for row, stop in enumerate(talker.stop_ids):
+        logits[row, stop] = 1e6
+    logits[2, list(talker.stop_ids)] = -1e6
+    picked = suppress(logits, None, None).argmax(dim=-1).tolist()
+    assert picked == [*talker.stop_ids, codebook - 1]  # stop ids stay; otherwise the best decodable code
+    assert cfg.talker.codec_bos_id in talker.never_sampled()

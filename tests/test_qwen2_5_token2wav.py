@@ -118,6 +118,7 @@ def test_batched_steps_equal_each_request_alone(pair):
             if e.data is not None:
                 out[e.rid].append(e.data["pcm"])
     assert stage.rows > stage.forwards  # rows of several requests shared forwards
+    assert stage.forwards <= k + 1  # windows of different lengths share one padded forward a step
     for rid in feeds:
         alone = _run(_stage(model, first_chunk_blocks=0), {rid: feeds[rid]}, {rid: params[rid]})[rid]
         np.testing.assert_allclose(np.concatenate(out[rid]), alone, atol=1e-5 * max(1e-3, np.abs(alone).max()))
@@ -173,3 +174,47 @@ def test_a_seed_in_the_typed_sampling_the_bus_carries_is_the_seed(pair):
     other = _run(_stage(model, num_steps=3), {"a": codes}, {"a": {"sampling": {"token2wav": Sampling(seed=8)}}})["a"]
     np.testing.assert_array_equal(typed, plain)
     assert not np.array_equal(typed, other)
+
+
+def test_padded_rows_equal_each_row_alone(pair):
+    """`velocity` with lengths: a row's real frames as the row alone gives them, whatever the padding
+    (the last real block looks ahead into padded frames, which it must not see); a padding row stays
+    finite. This is what lets windows of every length share one forward (and one CUDA graph)."""
+    from omni.stages.diffusion_graphs import PaddedVelocity
+
+    model = pair[0]
+    block, fpt = model.pad_frames, model.frames_per_token
+    lengths = [fpt * 3, block + fpt, 2 * block, fpt]
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(n, model.latent_dim, generator=g) for n in lengths]
+    feats = [torch.randn(n, model.feature_dim, generator=g) for n in lengths]
+    ts = [torch.tensor(v) for v in (0.1, 0.5, 0.9, 0.3)]
+    padded = PaddedVelocity(model, max_rows=8, max_frames=3 * block, cuda_graphs=False)
+    v = padded(xs, ts, feats)
+    assert v.shape[1] == 2 * block and torch.isfinite(v).all()
+    for i, n in enumerate(lengths):
+        with torch.inference_mode():
+            alone = model.velocity(xs[i][None], ts[i][None], feats[i][None])[0]
+        torch.testing.assert_close(v[i, :n], alone, rtol=0, atol=1e-5 * float(alone.abs().max()))
+
+
+@pytest.mark.gpu
+def test_velocity_graphs_equal_the_eager_padded_forward_on_cuda(tmp_path):
+    from omni.stages.diffusion_graphs import PaddedVelocity
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = Token2Wav.from_checkpoint(make_tiny(tmp_path / "t", seed=1, preset="tiny-a"), device="cuda")
+    block, fpt = model.pad_frames, model.frames_per_token
+    graphs = PaddedVelocity(model, max_rows=8, max_frames=3 * block, cuda_graphs=True)
+    eager = PaddedVelocity(model, max_rows=8, max_frames=3 * block, cuda_graphs=False)
+    assert graphs.capture_all() == len(graphs.row_sizes) * len(graphs.frame_sizes)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for lengths in ([fpt * 3], [block + fpt, 2 * block, fpt], [3 * block] * 5, [block] * 8):
+        xs = [torch.randn(n, model.latent_dim, device="cuda", generator=g) for n in lengths]
+        feats = [torch.randn(n, model.feature_dim, device="cuda", generator=g) for n in lengths]
+        ts = [torch.rand((), device="cuda", generator=g) for _ in lengths]
+        got, want = graphs(xs, ts, feats), eager(xs, ts, feats)
+        for i, n in enumerate(lengths):
+            torch.testing.assert_close(got[i, :n], want[i, :n], rtol=0, atol=1e-5 * float(want[i, :n].abs().max()))
+    assert graphs.replays == 4 and eager.replays == 0

@@ -15,6 +15,7 @@ draws the whole utterance's noise at once; no seed: a random one.
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -25,9 +26,15 @@ from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.sampling import Sampling
 from omni.stages.args import DiffusionArgs, coerce_args
+from omni.stages.diffusion_graphs import PaddedVelocity
 from omni.stages.diffusion_windows import Chunking, Window
+from omni.stages.gpu_clock import GpuClock
+from omni.stages.gpu_memory import gpu_memory
+from omni.stages.step_profiler import StepProfiler
 from omni.stages.ode import Solver, make_solver, time_grid
 from omni.stages.threads import pin_torch_threads
+
+log = logging.getLogger("omni.diffusion")
 
 GPU_MAX_BATCH, CPU_MAX_BATCH = 32, 8
 ODE_FIELDS = ("num_steps", "guidance_scale", "sway_coefficient", "solver")
@@ -57,7 +64,8 @@ class DiffusionModel(Protocol):
         ...
 
     # optional: render(stream, latent [T, latent_dim], last) -> dict | None (what goes out for a
-    # chunk); release(stream)
+    # chunk); release(stream); pad_frames, feature_dim, feature_dtype: `velocity` takes
+    # lengths [N] of rows padded at their end to a multiple of pad_frames (diffusion_graphs.py)
 
 
 class NoiseStream:
@@ -125,6 +133,8 @@ class DiffusionStage(Stage):
         self.out_port = ctx.args.out_port or (ctx.out_ports[0] if ctx.out_ports else "out")
         self.forwards = 0
         self.rows = 0  # rows evaluated (guidance rows included)
+        self.gpu_clock = GpuClock()  # on the model's device once set up
+        self.profiler = StepProfiler(f"{ctx.name}.{ctx.replica}")
 
     def build_model(self) -> DiffusionModel:
         raise NotImplementedError("pass a model or override build_model")
@@ -141,6 +151,20 @@ class DiffusionStage(Stage):
                                            a.left_context_blocks, a.right_context_blocks)
         on_gpu = str(getattr(m, "device", "cpu")).startswith("cuda")
         self.max_batch = a.max_batch or (GPU_MAX_BATCH if on_gpu else CPU_MAX_BATCH)
+        self.gpu_clock = GpuClock(getattr(m, "device", "cpu"))
+        if on_gpu and a.tf32:
+            import torch
+
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # this stage's process
+        self.padded = None
+        if getattr(m, "pad_frames", 0):
+            c = self.chunking
+            longest = (c.left + max(c.first_chunk, c.chunk) + c.right) * m.frames_per_token if c.first_chunk else 0
+            self.padded = PaddedVelocity(m, 2 * self.max_batch, longest, a.cuda_graphs)
+            n = self.padded.capture_all()
+            if n:
+                log.info("%s: %d velocity CUDA graphs captured in %.1f s", self.ctx.name, n,
+                         self.padded.capture_seconds)
 
     # ---- requests -------------------------------------------------------------------
     def open(self, rid: str, params: dict[str, Any]) -> None:
@@ -198,6 +222,14 @@ class DiffusionStage(Stage):
         return sum(r.received - r.done for r in self.requests.values())
 
     def step(self) -> list[Emit]:
+        with self.profiler.step():
+            self.gpu_clock.start()
+            try:
+                return self._step()
+            finally:
+                self.gpu_clock.stop()
+
+    def _step(self) -> list[Emit]:
         emits: list[Emit] = []
         for rid, req in list(self.requests.items()):
             if req.running is None and req.closed and req.done >= req.received:
@@ -229,11 +261,13 @@ class DiffusionStage(Stage):
         return Running(window, make_solver(req.ode["solver"], x0, times), feats, null, scale)
 
     def _groups(self) -> list[list[Running]]:
-        """Running windows by length (rows of one forward), at most `max_batch` a forward."""
+        """Running windows by length (rows of one forward; one group of all lengths when the model
+        takes padded rows), at most `max_batch` a forward."""
         by_len: dict[int, list[Running]] = {}
         for req in self.requests.values():
             if req.running is not None and not req.running.solver.done:
-                by_len.setdefault(req.running.window.tokens, []).append(req.running)
+                key = 0 if self.padded is not None else req.running.window.tokens
+                by_len.setdefault(key, []).append(req.running)
         return [g[i:i + self.max_batch] for g in by_len.values() for i in range(0, len(g), self.max_batch)]
 
     def _evaluate(self, group: list[Running]) -> None:
@@ -246,14 +280,18 @@ class DiffusionStage(Stage):
         ts = [t for t, _ in points] + [points[i][0] for i in guided]
         feats = [r.feats for r in group] + [group[i].null for i in guided]
         with torch.inference_mode():
-            v = self.model.velocity(torch.stack(xs), torch.stack(ts), torch.stack(feats))
+            if self.padded is not None:
+                v = self.padded(xs, ts, feats)
+            else:
+                v = self.model.velocity(torch.stack(xs), torch.stack(ts), torch.stack(feats))
         self.forwards += 1
         self.rows += len(xs)
         null_row = {i: len(group) + j for j, i in enumerate(guided)}
         for i, r in enumerate(group):
-            vc = v[i]
+            frames = xs[i].shape[0]
+            vc = v[i, :frames]
             if i in null_row:
-                vc = vc + (vc - v[null_row[i]]) * r.scale
+                vc = vc + (vc - v[null_row[i], :frames]) * r.scale
             r.solver.advance(vc)
 
     def _finish(self, rid: str, req: DiffusionRequest) -> list[Emit]:
@@ -274,5 +312,8 @@ class DiffusionStage(Stage):
         return render(req.stream, None, True)
 
     def stats(self) -> dict[str, Any]:
+        device = getattr(self.model, "device", "cpu")
         return {"running": len(self.requests), "buffered_tokens": self.backlog(), "forwards": self.forwards,
-                "rows": self.rows, "max_batch": self.max_batch}
+                "rows": self.rows, "max_batch": self.max_batch, **gpu_memory(device),
+                **(self.padded.stats() if self.padded is not None else {}),
+                **({"time_s": {"gpu": self.gpu_clock.seconds()}} if self.gpu_clock.on else {})}

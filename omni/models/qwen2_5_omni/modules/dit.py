@@ -70,8 +70,12 @@ class DiT(nn.Module):
         return torch.cat((spk.unsqueeze(1).expand(-1, frames, -1), code,
                           cond.unsqueeze(1).expand(-1, frames, -1)), dim=-1)
 
-    def velocity(self, x: torch.Tensor, t: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-        """x [N, T, mel_dim] at times t [N], feats [N, T, F] -> d x / d t [N, T, mel_dim]."""
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, feats: torch.Tensor,
+                 lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """x [N, T, mel_dim] at times t [N], feats [N, T, F] -> d x / d t [N, T, mel_dim]. `lengths` [N]:
+        each row's real frames, the rest padding at its end: no real frame attends to a padded one (a
+        padded frame attends to itself too, so no row of the softmax is empty), so the real frames
+        come out as the row alone gives them."""
         emb = self.time_embed(t)
         h = self.input_embed.proj(torch.cat((x, feats), dim=-1))
         frames = x.shape[1]
@@ -79,7 +83,16 @@ class DiT(nn.Module):
         cos, sin = rope_cos_sin(self.inv_freq, positions, h.dtype)
         blocks = positions // self.cfg.block_size
         block_diff = blocks[None, :] - blocks[:, None]  # key block - query block
+        keep = None
+        if lengths is not None:  # [N, 1, T, T]: real keys, or the query's own frame
+            real = positions[None, :] < lengths[:, None]
+            keep = (real[:, None, :] | torch.eye(frames, dtype=torch.bool, device=x.device)[None])[:, None]
+        masks: dict[tuple[int, int], torch.Tensor] = {}
         for block in self.transformer_blocks:
-            h = block(h, emb, cos, sin, block_diff)
+            span = (block.back, block.ahead)
+            if span not in masks:
+                mask = (block_diff >= -block.back) & (block_diff <= block.ahead)
+                masks[span] = mask if keep is None else mask & keep
+            h = block(h, emb, cos, sin, masks[span])
         scale, shift = self.norm_out.params(emb)
         return self.proj_out(modulate(h, scale, shift))

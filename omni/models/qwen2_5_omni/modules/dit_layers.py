@@ -31,7 +31,7 @@ class TimestepEmbedding(nn.Module):
         self.time_mlp = nn.ModuleList([nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim)])
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
-        h = sinusoid(t, self.freq_dim)
+        h = sinusoid(t, self.freq_dim).to(self.time_mlp[0].weight.dtype)
         for layer in self.time_mlp:
             h = layer(h)
         return h
@@ -69,7 +69,7 @@ class DiTAttention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(inner, hidden)])
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x [N, T, hidden]; cos/sin [T, head_dim]; mask [T, T] bool (True: attend)."""
+        """x [N, T, hidden]; cos/sin [T, head_dim]; mask [T, T] or [N, 1, T, T] bool (True: attend)."""
         n, t, _ = x.shape
         q, k, v = (p(x).view(n, t, self.heads, self.head_dim) for p in (self.to_q, self.to_k, self.to_v))
         q = torch.cat((apply_rope(deinterleave(q[:, :, :1]), cos, sin), q[:, :, 1:]), dim=2)
@@ -100,8 +100,8 @@ class DiTBlock(nn.Module):
         self.attn = DiTAttention(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim)
         self.ff = MLP(cfg.hidden_size, cfg.ff_mult)
 
-    def forward(self, x, emb, cos, sin, block_diff):
+    def forward(self, x, emb, cos, sin, mask):
+        """`mask`: this block's attention mask (`DiT.velocity` builds it from back / ahead)."""
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.attn_norm.params(emb)
-        mask = (block_diff >= -self.back) & (block_diff <= self.ahead)
         x = x + gate_a.unsqueeze(1) * self.attn(modulate(x, scale_a, shift_a), cos, sin, mask)
         return x + gate_m.unsqueeze(1) * self.ff(modulate(x, scale_m, shift_m))

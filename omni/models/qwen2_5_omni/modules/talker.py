@@ -123,7 +123,15 @@ class Qwen2_5OmniTalker(nn.Module, ARModel):
         return KVCacheSpec(t.num_layers, t.num_kv_heads, t.head_dim, self.dtype, t.vocab_size)
 
     def logits_processors(self) -> list:
-        return [SuppressTokens([self.cfg.talker.codec_bos_id], self.text_cfg.vocab_size, self.device)]
+        return [SuppressTokens(self.never_sampled(), self.text_cfg.vocab_size, self.device)]
+
+    def never_sampled(self) -> list[int]:
+        """Codec bos (as the reference), and every id token2wav cannot embed but the stop ids: the
+        published vocabulary (8,448) runs past the DiT's codebook (num_embeds + 1 = 8,194), and a code
+        there would fail the stream at token2wav (a trained talker does not emit them; random weights do)."""
+        codebook = self.cfg.token2wav.dit.num_embeds + 1 if self.cfg.token2wav is not None else self.text_cfg.vocab_size
+        above = [i for i in range(codebook, self.text_cfg.vocab_size) if i not in self.stop_ids]
+        return [self.cfg.talker.codec_bos_id, *above]
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

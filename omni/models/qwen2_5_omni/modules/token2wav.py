@@ -97,11 +97,17 @@ class Token2Wav(nn.Module):
         self.align_tokens = cfg.dit.block_tokens
         self.max_frames = cfg.dit.max_position_embeddings
         self.codebook_size = cfg.dit.num_embeds + 1
+        self.pad_frames = cfg.dit.block_size  # windows may be padded at their end (`velocity`'s lengths)
+        self.feature_dim = cfg.dit.enc_dim + cfg.dit.emb_dim + cfg.dit.enc_emb_dim  # `features`' width
         self.vocoder_context = self.code2wav_bigvgan_model.context_frames()
 
     @property
     def device(self) -> torch.device:
         return self.code2wav_dit_model.proj_out.weight.device
+
+    @property
+    def feature_dtype(self) -> torch.dtype:
+        return self.code2wav_dit_model.proj_out.weight.dtype
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | Path, dtype=None, device: str = "cpu") -> "Token2Wav":
@@ -130,8 +136,11 @@ class Token2Wav(nn.Module):
             null = dit.features(torch.zeros_like(codes), stream.null_spk, torch.zeros_like(stream.cond))[0] if guided else None
         return feats, null
 
-    def velocity(self, x: torch.Tensor, t: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-        return self.code2wav_dit_model.velocity(x, t, feats)
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, feats: torch.Tensor,
+                 lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """In the DiT's dtype; the ODE's state and the velocity returned stay in x's (float32)."""
+        dt = self.code2wav_dit_model.proj_out.weight.dtype
+        return self.code2wav_dit_model.velocity(x.to(dt), t, feats, lengths).to(x.dtype)
 
     def render(self, stream: Token2WavStream, mel: torch.Tensor | None, last: bool) -> dict[str, Any] | None:
         """A mel chunk [frames, mel_dim] -> the PCM it makes final."""
