@@ -125,6 +125,8 @@ def test_the_full_7b_layout_draws_every_stage(tmp_path):
         args = stage_args(specs[name])
         assert (args.load_format, args.seed, args.model_dir) == ("random", 7, path), name
         assert args.dtype == ("" if name == "token2wav" else "bfloat16"), name  # token2wav runs in fp32
+    assert stage_args(specs["token2wav"]).dit_dtype == "bfloat16"  # but its DiT in the server's dtype on CUDA
+    assert stage_args(build(path, dtype="bfloat16")[0].stage("token2wav")).dit_dtype == ""  # not on the CPU
     assert stage_args(specs["talker"]).default_sampling["max_tokens"] == TINY_MAX_TOKENS["talker"]
     assert "load_format" not in specs["preprocess"].args
     from omni.models.qwen2_5_omni.stages.thinker_stage import eos_ids

@@ -18,6 +18,7 @@ from omni.stages.diffusion import DiffusionStage
 TOL = 1e-4  # of the peak
 STREAM_TOL = 5e-3  # streamed (DiffusionArgs defaults: windows of 2-3 blocks, 2 back, 1 ahead) vs whole,
 # of the peak; measured 1.0e-3 (tiny-a) and 3.3e-4 (tiny-b): the ODE carries context a window lacks
+BF16_TOL = 2e-2  # the DiT in bfloat16 vs float32, of the mel's peak; measured 4.1e-3 (tiny-a), 2.7e-3 (tiny-b)
 
 
 @pytest.fixture(scope="module", params=sorted(PRESETS))  # the whole model's tiny presets: token2wav's differ too
@@ -96,6 +97,26 @@ def test_whole_utterance_mel_and_waveform_equal_the_reference(pair):
         _close(lat["a"].T, mel[0].numpy(), TOL)
 
 
+def test_the_dit_in_bfloat16_stays_near_float32(pair):
+    """The graph runs the DiT in the server's dtype on CUDA (`dit_dtype`; the ODE's state and BigVGAN
+    stay float32): its mel within BF16_TOL of the float32 mel's peak (measured 2026-12-04 on both tiny
+    shapes, one seed: see the assertion's report)."""
+    import copy
+
+    model = pair[0]
+    half = copy.deepcopy(model)
+    half.code2wav_dit_model.to(torch.bfloat16)
+    codes = _codes(model, 29, seed=3)[0].numpy()
+    mels = []
+    for m in (model, half):
+        m.render = None
+        try:
+            mels.append(_run(_stage(m, first_chunk_blocks=0), {"a": codes}, {"a": {"seed": 11}}, out_key="latent")["a"])
+        finally:
+            del m.render
+    _close(mels[1], mels[0], BF16_TOL)
+
+
 def test_batched_steps_equal_each_request_alone(pair):
     """Requests joining at different times sit at different ODE steps and sub-steps in one forward."""
     model, _, _ = pair
@@ -122,6 +143,22 @@ def test_batched_steps_equal_each_request_alone(pair):
     for rid in feeds:
         alone = _run(_stage(model, first_chunk_blocks=0), {rid: feeds[rid]}, {rid: params[rid]})[rid]
         np.testing.assert_allclose(np.concatenate(out[rid]), alone, atol=1e-5 * max(1e-3, np.abs(alone).max()))
+
+
+def test_tokens_waiting_for_their_windows_context_are_no_backlog(pair):
+    """The actor stops feeding a stage past `max_queue` of backlog; tokens that wait for their
+    window's right context must not count, or streams starve each other (16 streams x 36 tokens > 256)."""
+    model = pair[0]
+    stage = _stage(model)
+    for i in range(16):
+        stage.open(f"r{i}", {"seed": i})
+        c = stage.chunking
+        stage.feed(f"r{i}", "codes", {"codes": _codes(model, c.first_chunk + c.right - 1, seed=i)[0].numpy()})
+    assert stage.backlog() == 0 and not stage.has_work()  # every window waits for one more token
+    stage.feed("r3", "codes", {"codes": _codes(model, 1, seed=99)[0].numpy()})
+    assert stage.backlog() == c.first_chunk and stage.has_work()
+    stage.step()  # r3's window runs: still its chunk's tokens, until it finishes
+    assert stage.backlog() == c.first_chunk and stage.requests["r3"].running is not None
 
 
 def test_eight_concurrent_streams_equal_alone(pair):

@@ -219,7 +219,15 @@ class DiffusionStage(Stage):
                    for r in self.requests.values())
 
     def backlog(self) -> int:
-        return sum(r.received - r.done for r in self.requests.values())
+        """Tokens of the windows that can run now. Tokens waiting for their window's right context
+        are not work: counted, they stopped the actor feeding (past `max_queue`) while those windows
+        waited for exactly the tokens held back, and the talker upstream stalled on credits (H200,
+        2026-12-04: 16 Qwen2.5-Omni streams ran ~1.5 windows a forward)."""
+        total = 0
+        for req in self.requests.values():
+            window = req.running.window if req.running is not None else self._next(req)
+            total += window.chunk_end - window.chunk_start if window is not None else 0
+        return total
 
     def step(self) -> list[Emit]:
         with self.profiler.step():

@@ -86,7 +86,8 @@ def build(model_dir: str | Path | None, variant: str | None = None, **options: A
         stages += [
             stage("talker", {"model_dir": model_dir, "speaker": voices[0],
                              "default_sampling": {"max_tokens": lengths["talker"]}}, capability="audio_output"),
-            stage("token2wav", {"model_dir": model_dir}, capability="audio_output"),
+            stage("token2wav", {"model_dir": model_dir, **({"dit_dtype": dtype} if dtype and str(device).startswith("cuda")
+                                                           else {})}, capability="audio_output"),
         ]
     graph = Graph(name=f"{FAMILY}-{variant}", stages=stages,
                   edges=multimodal_edges("thinker", "talker", "token2wav", speaks), entry="preprocess",

@@ -18,6 +18,14 @@ ThinkerArgs = MultimodalLMArgs  # the thinker takes the shared multimodal LM sta
 class Token2WavArgs(WeightArgs, DiffusionArgs):
     """stages/token2wav_stage.py: token2wav (DiT + BigVGAN) under the generic diffusion stage."""
 
+    dit_dtype: str = ""  # the DiT's (and its speaker encoder's) dtype ("": the stage's, float32); the ODE's
+    # state and BigVGAN stay in the stage's dtype. The graph sets the server's --dtype here on CUDA.
+
+    def check(self) -> None:
+        super().check()
+        if self.dit_dtype not in ("", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dit_dtype must be float32, bfloat16 or float16, got {self.dit_dtype!r}")
+
 
 @dataclass
 class TalkerArgs(WeightArgs, ARArgs):

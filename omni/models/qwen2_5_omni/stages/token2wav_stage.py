@@ -17,5 +17,10 @@ class Token2WavStage(DiffusionStage):
     Args = Token2WavArgs
 
     def build_model(self) -> Token2Wav:
-        return load_part(Token2Wav, vars(self.ctx.args), self.ctx.device,
-                         random=partial(random_part, "token2wav"), default_dtype="float32")
+        model = load_part(Token2Wav, vars(self.ctx.args), self.ctx.device,
+                          random=partial(random_part, "token2wav"), default_dtype="float32")
+        if self.ctx.args.dit_dtype:
+            import torch
+
+            model.code2wav_dit_model.to(getattr(torch, self.ctx.args.dit_dtype))
+        return model
