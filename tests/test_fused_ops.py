@@ -113,6 +113,8 @@ def interpreter_check() -> None:
             got_q, got_k = fused_ops.qk_norm_rope(q, k, qn.weight.data, kn.weight.data, EPS, cos, sin)
             assert (got_q.float() - apply_rope(qn(q), cos, sin).float()).abs().max() <= 4 * tol
             assert (got_k.float() - apply_rope(kn(k), cos, sin).float()).abs().max() <= 4 * tol
+            rope_q, rope_k = fused_ops.qk_norm_rope(q, k, None, None, 0.0, cos, sin)  # Qwen2: rope alone
+            assert torch.equal(rope_q, apply_rope(q, cos, sin)) and torch.equal(rope_k, apply_rope(k, cos, sin))
         for t, experts, top_k, norm_topk in ((1, 128, 8, True), (9, 20, 3, False), (4, 60, 4, True)):
             moe, x = _router(experts, top_k, 32, dtype, norm_topk=norm_topk), _rand(t, 32, dtype=dtype, seed=t)
             ref_w, ref_ids = moe.route(x)
@@ -193,7 +195,8 @@ def test_kernels_compile_for_sm90_in_bf16():
     qk = {**ptrs("q_ptr", "k_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr"), "eps": "fp32",
           **{n: "i32" for n in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_ct", "stride_st",
                                 "stride_qot", "stride_kot")}}
-    _compile_for_sm90(f._qk_norm_rope_kernel, qk, {"Q_HEADS": 32, "HALF": 64, "BLOCK_HALF": 64}, 1)
+    for norm_on in (True, False):
+        _compile_for_sm90(f._qk_norm_rope_kernel, qk, {"Q_HEADS": 32, "HALF": 64, "BLOCK_HALF": 64, "NORM": norm_on}, 1)
     route = {"logits_ptr": "*bf16", "w_out_ptr": "*bf16", "id_out_ptr": "*i64", "stride_l": "i32"}
     _compile_for_sm90(f._route_topk_kernel, route, {"E": 128, "K": 8, "BLOCK_E": 128, "BLOCK_K": 8, "RENORM": True}, 1)
 
@@ -270,6 +273,22 @@ def test_router_matches_the_eager_path_in_bf16(tokens, monkeypatch):
     probs = torch.nn.functional.linear(x, moe.gate.weight).softmax(-1, dtype=torch.float)
     assert got_w.dtype == ref_w.dtype == torch.bfloat16 and got_ids.shape == ref_ids.shape
     _route_matches(got_w, got_ids, ref_w, ref_ids, probs, 4e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 16, 200])
+def test_rope_alone_equals_the_eager_path_in_bf16(tokens, monkeypatch):
+    """Qwen2's attention (no q/k norms): rope rounded as apply_rope rounds it, so bit for bit."""
+    from omni.layers.rotary import mrope_cos_sin, rope_inv_freq
+
+    q = _rand(tokens, HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda", seed=3)
+    k = _rand(tokens, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda", seed=4)
+    positions = torch.arange(7, 7 + tokens, device="cuda").float().expand(3, -1)
+    cos, sin = mrope_cos_sin(rope_inv_freq(HEAD_DIM, 1e6), positions, (16, 24, 24), torch.bfloat16, interleaved=False)
+    got = fused_ops.qk_norm_rope(q, k, None, None, 0.0, cos, sin)
+    ref = _eager(monkeypatch, lambda: (apply_rope(q, cos, sin), apply_rope(k, cos, sin)))
+    for g, r in zip(got, ref):
+        assert torch.equal(g, r)
 
 
 @pytest.mark.gpu

@@ -2,8 +2,8 @@
 Qwen2's decoders have none, and biases on q/k/v), then RoPE. The attention itself is the caller's (the paged cache, or SDPA over a small cache);
 every SDPA call of omni goes through `sdpa` here.
 
-On CUDA with triton, q/k norm + RoPE run as one fused kernel (`fused_ops.qk_norm_rope`);
-otherwise `RMSNorm` then `rotary.apply_rope`, the same roundings.
+On CUDA with triton, q/k norm + RoPE (RoPE alone for Qwen2) run as one fused kernel
+(`fused_ops.qk_norm_rope`); otherwise `RMSNorm` then `rotary.apply_rope`, the same roundings.
 """
 
 from __future__ import annotations
@@ -80,17 +80,19 @@ class QKVProjection(nn.Module):
         q = q.view(*lead, self.heads, self.head_dim)
         k = k.view(*lead, self.kv_heads, self.head_dim)
         v = v.view(*lead, self.kv_heads, self.head_dim)
-        if self.q_norm is None:
-            return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-        if self._fused(x, cos, sin):  # q/k norm + rope: one launch for both
+        if self._fused(x, cos, sin):  # [q/k norm +] rope: one launch for both
             rows, d = -1, self.head_dim
             c = cos.expand(*lead, d).reshape(rows, d)
             s = sin.expand(*lead, d).reshape(rows, d)
+            norm = self.q_norm is not None
             q, k = fused_ops.qk_norm_rope(q.reshape(rows, self.heads, d), k.reshape(rows, self.kv_heads, d),
-                                          self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, c, s)
+                                          self.q_norm.weight if norm else None, self.k_norm.weight if norm else None,
+                                          self.q_norm.eps if norm else 0.0, c, s)
             return q.view(*lead, self.heads, d), k.view(*lead, self.kv_heads, d), v
+        if self.q_norm is None:
+            return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
         return apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin), v
 
     def _fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-        return (fused_ops.enabled(x)
-                and self.q_norm.weight.dtype == self.k_norm.weight.dtype == cos.dtype == sin.dtype == x.dtype)
+        norms = () if self.q_norm is None else (self.q_norm.weight.dtype, self.k_norm.weight.dtype)
+        return fused_ops.enabled(x) and all(dt == x.dtype for dt in (*norms, cos.dtype, sin.dtype))

@@ -94,8 +94,15 @@ if triton is not None:
         return o1, o2
 
     @triton.jit
-    def _head_norm_rope(src, dst, w_ptr, c1, c2, s1, s2, offs, mask, eps, HALF: tl.constexpr):
-        o1, o2 = head_norm_rope_values(src, w_ptr, c1, c2, s1, s2, offs, mask, eps, HALF)
+    def _head_norm_rope(src, dst, w_ptr, c1, c2, s1, s2, offs, mask, eps, HALF: tl.constexpr, NORM: tl.constexpr):
+        if NORM:
+            o1, o2 = head_norm_rope_values(src, w_ptr, c1, c2, s1, s2, offs, mask, eps, HALF)
+        else:  # rope alone, rounded as `rotary.apply_rope` rounds it (each product, then the sum)
+            dt = src.dtype.element_ty
+            y1 = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
+            y2 = tl.load(src + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+            o1 = (y1 * c1).to(dt).to(tl.float32) + (-y2 * s1).to(dt).to(tl.float32)
+            o2 = (y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)
         dt = dst.dtype.element_ty
         tl.store(dst + offs, o1.to(dt), mask=mask)
         tl.store(dst + HALF + offs, o2.to(dt), mask=mask)
@@ -104,7 +111,7 @@ if triton is not None:
     def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
                              stride_qt, stride_qh, stride_kt, stride_kh, stride_ct, stride_st,
                              stride_qot, stride_kot, eps,
-                             Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                             Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, NORM: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         offs = tl.arange(0, BLOCK_HALF)
@@ -115,11 +122,11 @@ if triton is not None:
         s2 = tl.load(sin_ptr + t * stride_st + HALF + offs, mask=mask, other=0.0).to(tl.float32)
         if head < Q_HEADS:
             _head_norm_rope(q_ptr + t * stride_qt + head * stride_qh, qo_ptr + t * stride_qot + head * (2 * HALF),
-                            qw_ptr, c1, c2, s1, s2, offs, mask, eps, HALF)
+                            qw_ptr, c1, c2, s1, s2, offs, mask, eps, HALF, NORM)
         else:
             kh = head - Q_HEADS
             _head_norm_rope(k_ptr + t * stride_kt + kh * stride_kh, ko_ptr + t * stride_kot + kh * (2 * HALF),
-                            kw_ptr, c1, c2, s1, s2, offs, mask, eps, HALF)
+                            kw_ptr, c1, c2, s1, s2, offs, mask, eps, HALF, NORM)
 
     @triton.jit
     def _route_topk_kernel(logits_ptr, w_out_ptr, id_out_ptr, stride_l,
@@ -180,10 +187,11 @@ def rms_norm(
 
 
 def qk_norm_rope(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
     cos: torch.Tensor, sin: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, Hq, D], k [T, Hk, D] -> rope(rmsnorm(q) * q_weight), rope(rmsnorm(k) * k_weight).
+    """q [T, Hq, D], k [T, Hk, D] -> rope(rmsnorm(q) * q_weight), rope(rmsnorm(k) * k_weight); without
+    weights (None: Qwen2's attention has no q/k norms) rope(q), rope(k), as `rotary.apply_rope` gives them.
 
     cos/sin [T, D] (rotate-half layout, as `rope.mrope_cos_sin` gives); one launch for both.
     """
@@ -192,7 +200,9 @@ def qk_norm_rope(
     t, q_heads, d = q.shape
     _check(d % 2 == 0, f"head_dim {d} must be even")
     _check(cos.shape == (t, d) and sin.shape == (t, d), f"cos/sin {tuple(cos.shape)} must be [{t}, {d}]")
-    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+    norm = q_weight is not None
+    _check(norm == (k_weight is not None), "q_weight and k_weight: both or neither")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)) if norm else ():
         _check(w.shape == (d,) and w.dtype == q.dtype, f"{name} must be [{d}] in {q.dtype}")
     _check(k.dtype == q.dtype and cos.dtype == q.dtype and sin.dtype == q.dtype, "q, k, cos, sin: one dtype")
     _check(q.dtype in FUSED_DTYPES, f"dtype {q.dtype} not in {FUSED_DTYPES}")
@@ -204,10 +214,10 @@ def qk_norm_rope(
         return q_out, k_out
     half = d // 2
     _qk_norm_rope_kernel[(t, q_heads + k.shape[1])](
-        q, k, q_weight.contiguous(), k_weight.contiguous(), cos, sin, q_out, k_out,
+        q, k, q_weight.contiguous() if norm else cos, k_weight.contiguous() if norm else cos, cos, sin, q_out, k_out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
         q_out.stride(0), k_out.stride(0), eps,
-        Q_HEADS=q_heads, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), num_warps=1)
+        Q_HEADS=q_heads, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), NORM=norm, num_warps=1)
     return q_out, k_out
 
 
