@@ -347,3 +347,16 @@ def test_blocks_left_poisoned_never_reach_another_request(models, prompts, refer
     assert eng.generate(prompts, GREEDY) == reference  # batched: ragged lengths, padded tables
     for p, ref in zip(prompts[:3], reference):
         assert eng.generate([p], GREEDY) == [ref]
+
+
+def test_the_kv_cache_is_sized_per_slot_on_cuda_unless_given():
+    """256 blocks (4,096 tokens) for every stream together made 64 streams on one H200 queue for KV while
+    slots and GPU idled; on CUDA each slot now gets KV_TOKENS_PER_SEQ tokens unless num_blocks is set."""
+    from omni.stages.ar.config import CPU_NUM_BLOCKS, KV_TOKENS_PER_SEQ
+
+    assert EngineConfig().num_blocks == CPU_NUM_BLOCKS  # the CPU keeps its small default
+    assert EngineConfig(device="cuda:0", max_num_seqs=64, block_size=16).num_blocks == 64 * KV_TOKENS_PER_SEQ // 16
+    assert EngineConfig(device="cuda", num_blocks=300).num_blocks == 300  # a given size stays
+    assert EngineConfig(max_model_len=8192, block_size=16).num_blocks == 512  # always one longest sequence
+    with pytest.raises(EngineConfigError):
+        EngineConfig(num_blocks=10, max_model_len=8192)

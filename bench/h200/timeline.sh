@@ -7,7 +7,8 @@
 #   tts           Qwen3-TTS 12Hz-1.7B CustomVoice (make-tiny --preset full-1.7b), voice vivian, c = 1,16,64, 64 frames
 #   tts-slots64   the same with talker max_num_seqs=64, c = 64
 #   omni-nolookahead, tts-nolookahead  as omni / tts with lookahead decode off (omni/stages/ar/lookahead.py): its A/B
-#   q25           Qwen2.5-Omni-7B (make-tiny qwen2.5-omni --preset full-7b: random weights drawn at load), as omni
+#   q25           Qwen2.5-Omni-7B (make-tiny qwen2.5-omni --preset full-7b: random weights drawn at load), as omni but
+#                 256 talker tokens: its talker speaks 50 tokens an audio second, so 5.1 s of audio as omni's 64 frames
 #   tts-interval4  as tts with the talker's prefill_interval=4 (arrivals gathered into fewer prefill steps; at c=64
 #                  one talker step in three was a one-row prefill, 24 rows a step on average)
 # carry: .whl (omni's wheels). ~5-6 min. -> $OUT/timeline-*.md, $OUT/timeline-*.json, $OUT/timeline.log,
@@ -30,10 +31,10 @@ export PYTHONPATH=/tmp/whl:$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | tee "$R/gpu.txt"
 if [ -n "${SCALED:-}" ]; then
   device=(--device cpu) omni_make=(make-tiny qwen3-omni --preset tiny-a) tts_preset=tiny-a tts_device=cpu q25_preset=tiny-a
-  levels=1,2 high=2 tokens=(--max-tokens 4 --audio-tokens 8) frames=(--frames 8)
+  levels=1,2 high=2 tokens=(--max-tokens 4 --audio-tokens 8) frames=(--frames 8) q25_tokens=8
 else
   device=(--device cuda --dtype bfloat16) omni_make=() tts_preset=full-1.7b tts_device=cuda q25_preset=full-7b
-  levels=1,16,64 high=64 tokens=(--max-tokens 32 --audio-tokens 64) frames=(--frames 64)
+  levels=1,16,64 high=64 tokens=(--max-tokens 32 --audio-tokens 64) frames=(--frames 64) q25_tokens=256
 fi
 if [ -n "${PROFILE:-}" ]; then
   export OMNI_PROFILE_DIR="$R/prof" OMNI_PROFILE_STAGES=${OMNI_PROFILE_STAGES:-talker,codec,code2wav}
@@ -68,7 +69,7 @@ for variant in ${VARIANTS:-omni omni-slots64 tts tts-slots64}; do
     omni-nolookahead) extra=(--concurrency $levels "${tokens[@]}" --set thinker.args.lookahead_decode=false
                              --set talker.args.lookahead_decode=false) ;;
     tts-nolookahead) extra=(--concurrency $levels "${frames[@]}" --set talker.args.lookahead_decode=false) ;;
-    q25) extra=(--concurrency $levels "${tokens[@]}") ;;  # Qwen2.5-Omni-7B (issue 29): chat with audio out
+    q25) extra=(--concurrency $levels "${tokens[@]}" --audio-tokens $q25_tokens) ;;  # Qwen2.5-Omni-7B (issue 29)
     tts-interval4) extra=(--concurrency $levels "${frames[@]}" --set talker.args.prefill_interval=4) ;;
     *) log "unknown variant $variant"; continue ;;
   esac

@@ -26,7 +26,6 @@ from omni.kernel.errors import InvalidRequest
 from omni.kernel.stage import Emit, Stage, StageContext
 from omni.sampling import Sampling
 from omni.stages.args import DiffusionArgs, coerce_args
-from omni.stages.diffusion_graphs import PaddedVelocity
 from omni.stages.diffusion_windows import Chunking, Window
 from omni.stages.gpu_clock import GpuClock
 from omni.stages.gpu_memory import gpu_memory
@@ -158,6 +157,8 @@ class DiffusionStage(Stage):
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # this stage's process
         self.padded = None
         if getattr(m, "pad_frames", 0):
+            from omni.stages.diffusion_graphs import PaddedVelocity  # torch: imported only with a model
+
             c = self.chunking
             longest = (c.left + max(c.first_chunk, c.chunk) + c.right) * m.frames_per_token if c.first_chunk else 0
             self.padded = PaddedVelocity(m, 2 * self.max_batch, longest, a.cuda_graphs)
@@ -221,8 +222,8 @@ class DiffusionStage(Stage):
     def backlog(self) -> int:
         """Tokens of the windows that can run now. Tokens waiting for their window's right context
         are not work: counted, they stopped the actor feeding (past `max_queue`) while those windows
-        waited for exactly the tokens held back, and the talker upstream stalled on credits (H200,
-        2026-12-04: 16 Qwen2.5-Omni streams ran ~1.5 windows a forward)."""
+        waited for exactly the tokens held back, and the producer upstream stalled on credits (H200,
+        2026-12-04: 16 streams ran ~1.5 windows a forward; bench/RESULTS.md)."""
         total = 0
         for req in self.requests.values():
             window = req.running.window if req.running is not None else self._next(req)

@@ -5,8 +5,8 @@ row alone gives them (padding at a row's end never reaches them). Then every run
 diffusion stage, whatever its length, shares one forward: frames rounded up to a multiple of
 `pad_frames`, rows to a batch bucket. On CUDA each (rows, frames) bucket is a CUDA graph over
 static buffers, captured at start-up, so a step costs one replay instead of launching every kernel
-from Python (Qwen2.5-Omni's DiT: 22 blocks, ~1,000 kernels a forward, 62 ms of host a step eagerly
-on an H200 where the GPU needed 3.4 ms; RESULTS 2026-12-04). Padding rows keep finite stale values
+from Python (a 22-block DiT: ~1,000 kernels a forward, 62 ms of host a step eagerly on an H200 where
+the GPU needed 3.4 ms; bench/RESULTS.md 2026-12-04). Padding rows keep finite stale values
 and a full length; their output is dropped.
 """
 

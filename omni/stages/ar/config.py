@@ -15,6 +15,10 @@ class EngineConfigError(InvalidRequest):
     """An engine setting is invalid (names the field)."""
 
 
+KV_TOKENS_PER_SEQ = 2048  # on CUDA, the KV tokens each slot gets when num_blocks is left to the engine
+CPU_NUM_BLOCKS = 256
+
+
 @dataclass
 class EngineConfig:
     """Sizes and limits of one AR engine.
@@ -28,7 +32,7 @@ class EngineConfig:
     """
 
     block_size: int = 16
-    num_blocks: int = 256
+    num_blocks: int = 0  # KV blocks; 0: sized by `auto_blocks` (per slot on CUDA)
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
     max_model_len: int = 4096
@@ -71,7 +75,18 @@ class EngineConfig:
         """Prefill steps apart from decode steps: `split_prefill` when set, else with decode graphs."""
         return self.graphs_on if self.split_prefill is None else bool(self.split_prefill)
 
+    def auto_blocks(self) -> int:
+        """The KV cache when `num_blocks` is 0: on CUDA `KV_TOKENS_PER_SEQ` tokens for each of
+        `max_num_seqs` slots (256 blocks, 4,096 tokens for every stream together, had one H200's
+        64 streams queue for KV while the slots and the GPU idled: RESULTS 2026-12-04); on the CPU
+        256 blocks; always at least one `max_model_len` sequence."""
+        per_slot = KV_TOKENS_PER_SEQ * int(self.max_num_seqs) if str(self.device).startswith("cuda") else 0
+        need = max(per_slot, int(self.max_model_len))
+        return max(CPU_NUM_BLOCKS if not per_slot else 1, -(-need // int(self.block_size)))
+
     def __post_init__(self) -> None:
+        if int(self.num_blocks) == 0:
+            self.num_blocks = self.auto_blocks()
         self.tap_layers = tuple(int(x) for x in self.tap_layers)
         self.eos_token_ids = tuple(int(x) for x in self.eos_token_ids)
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "prefill_interval"):

@@ -13,7 +13,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+import torch.nn.functional as F
+
 from omni.layers.ecapa import ECAPA
+from omni.layers.fused_linear import fuse_linears, still_fused
 from omni.layers.rotary import rope_cos_sin, rope_inv_freq
 from omni.models.qwen2_5_omni.config import DiTConfig
 from omni.models.qwen2_5_omni.modules.dit_layers import AdaNorm, DiTBlock, TimestepEmbedding, modulate
@@ -51,6 +54,27 @@ class DiT(nn.Module):
         self.norm_out = AdaNorm(cfg.hidden_size, 2)
         self.proj_out = nn.Linear(cfg.hidden_size, cfg.mel_dim)
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
+        self.modulation: nn.Linear | None = None  # every block's AdaNorm and norm_out's as one GEMM (CUDA)
+
+    def _adanorms(self) -> list[nn.Linear]:
+        return [b.attn_norm.linear for b in self.transformer_blocks] + [self.norm_out.linear]
+
+    def fuse_projections(self) -> bool:
+        """All modulation parameters of a forward from one GEMM over silu(time embedding) (they read the
+        same input; `fused_linear.fuse_model_projections` calls this on CUDA)."""
+        if not still_fused(self.modulation, *self._adanorms()):
+            self.modulation = fuse_linears(*self._adanorms())
+        return self.modulation is not None
+
+    def _modulations(self, emb: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+        """Each block's six parameter sets, then norm_out's two."""
+        act = F.silu(emb)
+        if self.modulation is None:
+            return [b.attn_norm.params_of(act) for b in self.transformer_blocks] + [self.norm_out.params_of(act)]
+        sizes = [lin.out_features for lin in self._adanorms()]
+        parts = self.modulation(act).split(sizes, dim=1)
+        chunks = [b.attn_norm.chunks for b in self.transformer_blocks] + [self.norm_out.chunks]
+        return [torch.chunk(p, c, dim=1) for p, c in zip(parts, chunks)]
 
     @property
     def context_blocks(self) -> tuple[int, int]:
@@ -88,11 +112,11 @@ class DiT(nn.Module):
             real = positions[None, :] < lengths[:, None]
             keep = (real[:, None, :] | torch.eye(frames, dtype=torch.bool, device=x.device)[None])[:, None]
         masks: dict[tuple[int, int], torch.Tensor] = {}
-        for block in self.transformer_blocks:
+        *params, (scale, shift) = self._modulations(emb)
+        for block, p in zip(self.transformer_blocks, params):
             span = (block.back, block.ahead)
             if span not in masks:
                 mask = (block_diff >= -block.back) & (block_diff <= block.ahead)
                 masks[span] = mask if keep is None else mask & keep
-            h = block(h, emb, cos, sin, masks[span])
-        scale, shift = self.norm_out.params(emb)
+            h = block(h, p, cos, sin, masks[span])
         return self.proj_out(modulate(h, scale, shift))

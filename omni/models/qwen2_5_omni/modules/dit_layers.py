@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni.layers.attention import sdpa
+from omni.layers.fused_linear import fuse_linears, still_fused
 from omni.layers.rotary import apply_rope
+from omni.models.qwen2_5_omni.modules import dit_fused
 
 EPS = 1e-6
 
@@ -45,11 +47,14 @@ class AdaNorm(nn.Module):
         self.chunks = chunks
         self.linear = nn.Linear(dim, dim * chunks)
 
-    def params(self, emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return torch.chunk(self.linear(F.silu(emb)), self.chunks, dim=1)
+    def params_of(self, act: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The parameter sets from silu(emb) (computed once for every block of a forward)."""
+        return torch.chunk(self.linear(act), self.chunks, dim=1)
 
 
 def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    if dit_fused.enabled(x):
+        return dit_fused.modulate(x, scale, shift, EPS)
     return F.layer_norm(x, x.shape[-1:], eps=EPS) * (1 + scale[:, None]) + shift[:, None]
 
 
@@ -67,13 +72,25 @@ class DiTAttention(nn.Module):
         self.to_k = nn.Linear(hidden, inner)
         self.to_v = nn.Linear(hidden, inner)
         self.to_out = nn.ModuleList([nn.Linear(inner, hidden)])
+        self.to_qkv: nn.Linear | None = None  # q/k/v as one GEMM on CUDA (`fuse_projections`)
+
+    def fuse_projections(self) -> bool:
+        if not still_fused(self.to_qkv, self.to_q, self.to_k, self.to_v):
+            self.to_qkv = fuse_linears(self.to_q, self.to_k, self.to_v)
+        return self.to_qkv is not None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """x [N, T, hidden]; cos/sin [T, head_dim]; mask [T, T] or [N, 1, T, T] bool (True: attend)."""
         n, t, _ = x.shape
-        q, k, v = (p(x).view(n, t, self.heads, self.head_dim) for p in (self.to_q, self.to_k, self.to_v))
-        q = torch.cat((apply_rope(deinterleave(q[:, :, :1]), cos, sin), q[:, :, 1:]), dim=2)
-        k = torch.cat((apply_rope(deinterleave(k[:, :, :1]), cos, sin), k[:, :, 1:]), dim=2)
+        if self.to_qkv is not None:
+            q, k, v = self.to_qkv(x).view(n, t, 3, self.heads, self.head_dim).unbind(2)
+        else:
+            q, k, v = (p(x).view(n, t, self.heads, self.head_dim) for p in (self.to_q, self.to_k, self.to_v))
+        if dit_fused.enabled(q) and cos.dtype == q.dtype:
+            dit_fused.rope_first_head_(q, k, cos, sin)
+        else:
+            q = torch.cat((apply_rope(deinterleave(q[:, :, :1]), cos, sin), q[:, :, 1:]), dim=2)
+            k = torch.cat((apply_rope(deinterleave(k[:, :, :1]), cos, sin), k[:, :, 1:]), dim=2)
         out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
         return self.to_out[0](out.transpose(1, 2).reshape(n, t, -1))
 
@@ -100,8 +117,9 @@ class DiTBlock(nn.Module):
         self.attn = DiTAttention(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim)
         self.ff = MLP(cfg.hidden_size, cfg.ff_mult)
 
-    def forward(self, x, emb, cos, sin, mask):
-        """`mask`: this block's attention mask (`DiT.velocity` builds it from back / ahead)."""
-        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.attn_norm.params(emb)
-        x = x + gate_a.unsqueeze(1) * self.attn(modulate(x, scale_a, shift_a), cos, sin, mask)
-        return x + gate_m.unsqueeze(1) * self.ff(modulate(x, scale_m, shift_m))
+    def forward(self, x, params, cos, sin, mask):
+        """`params`: the six modulation sets (`attn_norm.params_of`); `mask`: this block's attention
+        mask (`DiT.velocity` builds both). Each gated residual is one fused multiply-add."""
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = params
+        x = torch.addcmul(x, gate_a.unsqueeze(1), self.attn(modulate(x, scale_a, shift_a), cos, sin, mask))
+        return torch.addcmul(x, gate_m.unsqueeze(1), self.ff(modulate(x, scale_m, shift_m)))

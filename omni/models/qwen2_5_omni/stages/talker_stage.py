@@ -54,6 +54,7 @@ def _tensor(value: Any, like: torch.Tensor) -> torch.Tensor:
 
 class TalkerStage(ARStage):
     Args = TalkerArgs
+    batched_ports = ("codes",)  # every stream's code of a step: one message to token2wav
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from omni.layers.fused_linear import fuse_model_projections
 from omni.models.loading import load_part
 from omni.models.qwen2_5_omni.checkpoint.random_load import random_part
 from omni.models.qwen2_5_omni.modules.token2wav import Token2Wav
@@ -23,4 +24,5 @@ class Token2WavStage(DiffusionStage):
             import torch
 
             model.code2wav_dit_model.to(getattr(torch, self.ctx.args.dit_dtype))
+        fuse_model_projections(model)  # on CUDA: q/k/v and the modulations, one GEMM each
         return model
