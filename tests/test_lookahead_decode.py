@@ -168,3 +168,37 @@ def test_a_subclass_that_changes_the_input_hooks_is_not_looked_ahead_of():
 
     assert model_looks_ahead(Qwen3OmniThinker) and model_looks_ahead(TTSTalkerModel)
     assert not model_looks_ahead(HostIds) and model_looks_ahead(SaysSoAgain)
+
+
+def test_qwen2_5_omni_speech_with_lookahead_equals_without(tmp_path):
+    """Qwen2.5-Omni's talker keeps each code's embedding on the device (`after_sample`), so its next step
+    can launch before the code reaches the host: the same tokens and codes with lookahead on and off,
+    three requests at once, greedy and sampled, the talker waiting on the thinker's rows."""
+    from omni.models.qwen2_5_omni.checkpoint.make_tiny import make_tiny
+    from omni.models.qwen2_5_omni.graph import build
+    from qwen3_fixtures import LoopThread, RunningKernel, expose_codes, params, prompts
+
+    ckpt = str(make_tiny(tmp_path / "tiny-b", seed=2, preset="tiny-b"))
+    messages = prompts()["text"]
+    requests = []
+    for i, (voice, talker_tokens) in enumerate((("ethan", 24), ("chelsie", 31), ("ethan", 17))):
+        p = params(messages, voice, 8 + 2 * i, talker_tokens, ignore_eos=True)
+        if i:
+            p["sampling"]["talker"].update(temperature=0.9, seed=3 + i)
+        requests.append(p)
+    loop, results, steps = LoopThread(), {}, {}
+    try:
+        for lookahead in (True, False):
+            ahead = {"cuda_graphs": True, "lookahead_decode": lookahead}
+            graph, _ = build(ckpt, threads=1, stage_args={"thinker": ahead, "talker": ahead,
+                                                          "token2wav": {"num_steps": 2}})
+            with RunningKernel(loop, expose_codes(graph), mode="inline") as kernel:
+                results[lookahead] = kernel.many(requests)
+                stats = kernel.stats()
+                steps[lookahead] = [stats[f"{s}.0"].get("num_lookahead_steps") for s in ("thinker", "talker")]
+    finally:
+        loop.close()
+    assert min(steps[True]) > 5 and not any(steps[False])
+    for ahead, plain in zip(results[True], results[False]):
+        assert ahead.tokens == plain.tokens
+        assert ahead.codes is not None and ahead.codes.shape == plain.codes.shape and (ahead.codes == plain.codes).all()

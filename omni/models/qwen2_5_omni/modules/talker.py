@@ -39,6 +39,7 @@ from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardO
 from omni.stages.ar.sampler import SuppressTokens
 
 STATE_KEY = "talker_rows"
+CODES_KEY = "code_rows"  # per sequence: its output codes' embeddings, on the device (after_sample)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class TalkerModel(nn.Module):
 class Qwen2_5OmniTalker(nn.Module, ARModel):
     supports_cuda_graphs = True  # forward reads no spans; rows come as embeddings
     decode_form = DecodeForm(embeds=True, pos_lead=(3,), pos_dtype=torch.float32)
+    lookahead_decode = True  # a step's input is its last code's embedding, kept on the device (`after_sample`)
 
     def __init__(self, cfg: Qwen2_5OmniConfig, text_rows: dict[int, torch.Tensor], speakers: dict[str, int],
                  dtype: torch.dtype = torch.float32) -> None:
@@ -169,8 +171,27 @@ class Qwen2_5OmniTalker(nn.Module, ARModel):
     def positions(self, seq, start: int, end: int) -> torch.Tensor:
         return torch.arange(start, end, dtype=torch.float32).expand(3, -1)
 
-    def decode_inputs(self, seqs: list, starts: list[int]) -> None:
-        return None  # every row's embedding is its own (input_embeds)
+    def decode_inputs(self, seqs: list, starts: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Every row past its prompt: its last code's embedding plus its thinker row, in two launches for
+        the batch (row by row otherwise)."""
+        rows = []
+        for seq, p in zip(seqs, starts):
+            k = p - seq.num_prompt_tokens
+            reply = self._reply(seq.model_state[STATE_KEY], k + 1) if k >= 0 else None
+            if reply is None:
+                return None
+            rows.append((seq.model_state[CODES_KEY][k], reply))
+        codes, replies = zip(*rows)
+        positions = torch.tensor(starts, dtype=torch.float32).expand(3, -1)
+        return positions, (torch.stack(codes) + torch.stack(replies)).to(self.dtype)
+
+    def after_sample(self, seqs: list, tokens: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Each row's new code embedded on the device: the next step's input (lookahead: before the code
+        reaches the host). Row j of a sequence's list is its output token j."""
+        embedded = self.model.embed_tokens(tokens.clamp_min(0))  # -1: a non-finite row, failed by the engine
+        for i, seq in enumerate(seqs):
+            seq.model_state.setdefault(CODES_KEY, []).append(embedded[i])
+        return None
 
     def _reply(self, rows: ThinkerRows, k: int) -> torch.Tensor | None:
         if k < len(rows.reply):
@@ -188,7 +209,7 @@ class Qwen2_5OmniTalker(nn.Module, ARModel):
         st, tk = seq.model_state, self.cfg.talker
         rows: ThinkerRows = st[STATE_KEY]
         n_prompt = seq.num_prompt_tokens  # P + 2
-        ids = torch.tensor(seq.token_ids(start, end), device=self.device)
+        ids = seq.token_ids(start, end)
         out = []
         for p in range(start, end):
             if p < n_prompt - 2:
@@ -201,8 +222,14 @@ class Qwen2_5OmniTalker(nn.Module, ARModel):
                 reply = self._reply(rows, p - n_prompt + 1)
                 if reply is None:
                     raise RuntimeError("talker: a step ran before its thinker row arrived")
-                out.append(self.model.embed_tokens(ids[p - start]) + reply)
+                out.append(self._code_row(seq, p - n_prompt, ids[p - start]) + reply)
         return torch.stack(out).to(self.dtype)
+
+    def _code_row(self, seq, j: int, host_id: int) -> torch.Tensor:
+        """Output token j's embedding: kept on the device since it was sampled, else (no sampling step
+        saw it) from its host id."""
+        kept = seq.model_state.get(CODES_KEY, ())
+        return kept[j] if j < len(kept) else self.model.embed_tokens(torch.tensor(host_id, device=self.device))
 
     def prefix_key(self, seq, start: int, end: int) -> None:
         return None  # rows come from the thinker's hidden states: never cached
