@@ -98,3 +98,17 @@ def test_fused_dit_in_bfloat16_on_cuda_inside_a_graph(tmp_path):
     for i, n in enumerate(args[3].tolist()):
         peak = float(plain[i, :n].abs().max())
         torch.testing.assert_close(fused[i, :n], plain[i, :n], rtol=0, atol=3e-2 * peak)
+
+
+def test_kernels_compile_for_sm90_in_bf16():
+    pytest.importorskip("triton", reason="triton is not installed")
+    from test_fused_ops import _compile_for_sm90
+
+    from omni.models.qwen2_5_omni.modules import dit_fused as f
+
+    mod = {**{n: "*bf16" for n in ("x_ptr", "scale_ptr", "shift_ptr", "out_ptr")}, "eps": "fp32",
+           **{n: "i32" for n in ("frames", "stride_x", "stride_p", "stride_o")}}
+    _compile_for_sm90(f._modulate_kernel, mod, {"N": 1024, "BLOCK": 1024}, 4)
+    rope = {**{n: "*bf16" for n in ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr")},
+            **{n: "i32" for n in ("frames", "stride_q", "stride_k", "stride_c")}}
+    _compile_for_sm90(f._rope_first_head_kernel, rope, {"HALF": 32, "BLOCK_HALF": 32}, 1)
