@@ -220,15 +220,13 @@ class DiffusionStage(Stage):
                    for r in self.requests.values())
 
     def backlog(self) -> int:
-        """Tokens of the windows that can run now. Tokens waiting for their window's right context
-        are not work: counted, they stopped the actor feeding (past `max_queue`) while those windows
-        waited for exactly the tokens held back, and the producer upstream stalled on credits (H200,
-        2026-12-04: 16 streams ran ~1.5 windows a forward; bench/RESULTS.md)."""
-        total = 0
-        for req in self.requests.values():
-            window = req.running.window if req.running is not None else self._next(req)
-            total += window.chunk_end - window.chunk_start if window is not None else 0
-        return total
+        """Windows that can run now (one forward takes up to `max_batch` of them). Tokens waiting for
+        their window's right context are not work: counted, they stopped the actor feeding (past
+        `max_queue`) while those windows waited for exactly the tokens held back, and the producer
+        upstream stalled on credits; counted in tokens, runnable windows capped every forward at
+        ~max_queue / 36 tokens = 8 windows (H200, 2026-12-04: 16 streams ran ~1.5 windows a forward,
+        then 64 streams ~9; bench/RESULTS.md)."""
+        return sum(req.running is not None or self._next(req) is not None for req in self.requests.values())
 
     def step(self) -> list[Emit]:
         with self.profiler.step():
