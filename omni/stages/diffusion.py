@@ -35,6 +35,12 @@ from omni.stages.threads import pin_torch_threads
 
 log = logging.getLogger("omni.diffusion")
 
+
+def _torch():
+    import torch
+
+    return torch
+
 GPU_MAX_BATCH, CPU_MAX_BATCH = 32, 8
 ODE_FIELDS = ("num_steps", "guidance_scale", "sway_coefficient", "solver")
 
@@ -109,7 +115,8 @@ class DiffusionRequest:
     stream: Any
     noise: NoiseStream
     ode: dict[str, Any]
-    tokens: list[Any] = field(default_factory=list)  # int64 blocks
+    tokens: list[Any] = field(default_factory=list)  # int64 blocks: numpy, or torch where they came so
+    bad: Any = None  # torch-fed codes: a device flag, any out of [0, codebook_size) (checked as a window ends)
     received: int = 0
     done: int = 0  # tokens whose chunks went out
     closed: bool = False
@@ -188,22 +195,34 @@ class DiffusionStage(Stage):
         if req.closed:
             raise InvalidRequest(f"tokens for {rid} after its input ended")
         codes = data["codes"]
-        if type(codes).__module__.startswith("torch"):
-            codes = codes.detach().cpu().numpy()
-        codes = np.array(codes, copy=True)
-        if codes.dtype.kind not in "iu":
-            raise InvalidRequest(f"codes must be integers, got {codes.dtype}")
+        on_torch = type(codes).__module__.startswith("torch")
+        if on_torch:  # kept where it is: no copy to the host (a sync behind the forward in flight)
+            if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == _torch().bool:
+                raise InvalidRequest(f"codes must be integers, got {codes.dtype}")
+        else:
+            codes = np.array(codes, copy=True)
+            if codes.dtype.kind not in "iu":
+                raise InvalidRequest(f"codes must be integers, got {codes.dtype}")
         if codes.ndim == 2 and codes.shape[1] == 1:
             codes = codes[:, 0]
         if codes.ndim > 1:
             raise InvalidRequest(f"codes must be [n] or [n, 1], got {list(codes.shape)}")
-        codes = codes.reshape(-1).astype(np.int64)
-        if codes.size and (codes.min() < 0 or codes.max() >= self.model.codebook_size):
-            raise InvalidRequest(f"codes must lie in [0, {self.model.codebook_size})")
-        if (req.received + codes.size) * self.model.frames_per_token > self.model.max_frames:
+        n = int(codes.shape[0]) if codes.ndim else 1
+        if (req.received + n) * self.model.frames_per_token > self.model.max_frames:
             raise InvalidRequest(f"more than {self.model.max_frames // self.model.frames_per_token} tokens")
+        if on_torch:
+            codes = codes.detach().reshape(-1).to(_torch().int64).clone()
+            bad = ((codes < 0) | (codes >= self.model.codebook_size)).any()  # read when a window ends
+            req.bad = bad if req.bad is None else req.bad | bad
+        else:
+            codes = codes.reshape(-1).astype(np.int64)
+            if codes.size and (codes.min() < 0 or codes.max() >= self.model.codebook_size):
+                raise InvalidRequest(self._range_error())
         req.tokens.append(codes)
-        req.received += codes.size
+        req.received += n
+
+    def _range_error(self) -> str:
+        return f"codes must lie in [0, {self.model.codebook_size})"
 
     def close_input(self, rid: str) -> None:
         self.requests[rid].closed = True
@@ -255,12 +274,13 @@ class DiffusionStage(Stage):
         return self.chunking.next_window(req.done, req.received, req.closed) if req.running is None else None
 
     def _start(self, req: DiffusionRequest, window: Window) -> Running:
-        import torch
-
+        torch = _torch()
         m, fpt = self.model, self.model.frames_per_token
-        if len(req.tokens) > 1:
-            req.tokens = [np.concatenate(req.tokens)]
-        tokens = torch.from_numpy(req.tokens[0][window.start:window.end]).to(m.device)
+        if len(req.tokens) > 1 or not isinstance(req.tokens[0], torch.Tensor):
+            req.tokens = [torch.cat([torch.as_tensor(t).to(m.device) for t in req.tokens])]
+        tokens = req.tokens[0][window.start:window.end]
+        if req.bad is not None:  # not checked yet: lookups stay in range, the request fails as the window ends
+            tokens = tokens.clamp(0, m.codebook_size - 1)
         scale = float(req.ode["guidance_scale"])
         feats, null = m.features(req.stream, tokens, guided=scale >= 1e-5)
         x0 = req.noise.upto(window.end * fpt)[window.start * fpt:].to(m.device)
@@ -304,6 +324,9 @@ class DiffusionStage(Stage):
     def _finish(self, rid: str, req: DiffusionRequest) -> list[Emit]:
         run, fpt = req.running, self.model.frames_per_token
         req.running, w = None, run.window
+        if req.bad is not None and bool(req.bad):  # one sync a window, not one a message
+            self.abort(rid)
+            return [Emit(rid, error=self._range_error(), error_kind=InvalidRequest.kind)]
         latent = run.solver.value[(w.chunk_start - w.start) * fpt:(w.chunk_end - w.start) * fpt]
         req.done = w.chunk_end
         render = getattr(self.model, "render", None)
