@@ -115,8 +115,9 @@ class DiT(nn.Module):
         *params, (scale, shift) = self._modulations(emb)
         for block, p in zip(self.transformer_blocks, params):
             span = (block.back, block.ahead)
-            if span not in masks:
+            if span not in masks:  # additive (0 / -inf), made once: SDPA would convert a bool mask every layer
                 mask = (block_diff >= -block.back) & (block_diff <= block.ahead)
-                masks[span] = mask if keep is None else mask & keep
+                mask = mask if keep is None else mask & keep
+                masks[span] = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill(~mask, float("-inf"))
             h = block(h, p, cos, sin, masks[span])
         return self.proj_out(modulate(h, scale, shift))

@@ -80,7 +80,8 @@ class DiTAttention(nn.Module):
         return self.to_qkv is not None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x [N, T, hidden]; cos/sin [T, head_dim]; mask [T, T] or [N, 1, T, T] bool (True: attend)."""
+        """x [N, T, hidden]; cos/sin [T, head_dim]; mask [T, T] or [N, 1, T, T]: bool (True: attend) or
+        additive (0 / -inf)."""
         n, t, _ = x.shape
         if self.to_qkv is not None:
             q, k, v = self.to_qkv(x).view(n, t, 3, self.heads, self.head_dim).unbind(2)
