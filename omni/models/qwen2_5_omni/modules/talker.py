@@ -177,10 +177,11 @@ class Qwen2_5OmniTalker(nn.Module, ARModel):
         rows = []
         for seq, p in zip(seqs, starts):
             k = p - seq.num_prompt_tokens
-            reply = self._reply(seq.model_state[STATE_KEY], k + 1) if k >= 0 else None
+            kept = seq.model_state.get(CODES_KEY, ())
+            reply = self._reply(seq.model_state[STATE_KEY], k + 1) if 0 <= k < len(kept) else None
             if reply is None:
                 return None
-            rows.append((seq.model_state[CODES_KEY][k], reply))
+            rows.append((kept[k], reply))
         codes, replies = zip(*rows)
         positions = torch.tensor(starts, dtype=torch.float32).expand(3, -1)
         return positions, (torch.stack(codes) + torch.stack(replies)).to(self.dtype)
