@@ -37,7 +37,7 @@ from omni.layers.norms import RMSNorm
 from omni.layers.rotary import DEFAULT_MROPE_SECTION, rope_inv_freq
 from omni.models.qwen3_omni.checkpoint.make_tiny import TINY_MARKER
 from omni.models.qwen3_omni.config import Qwen3OmniConfig, load_config
-from omni.models.qwen3_omni.modules.talker_inputs import TalkerInputs, TalkerParts, TalkerTokenIds
+from omni.models.qwen3_omni.modules.talker_inputs import DeferredRows, TalkerInputs, TalkerParts, TalkerTokenIds
 from omni.models.weights import CheckpointError, load_state_dict, load_weights, thinker_token_rows
 from omni.stages.codec_lm.code_predictor import CodePredictor
 from omni.stages.codec_lm.model import SUPPRESSED_SPAN, CodecLM
@@ -71,6 +71,8 @@ class _Decoder(nn.Module):
 
 class TalkerModel(CodecLM):
     """`CodecLM` over Qwen3-Omni's MoE talker, its prompt rows from the thinker's states."""
+
+    deferred_rows: DeferredRows | None = None  # off until `defer_text_rows` (the stage, on CUDA)
 
     def __init__(self, cfg: Qwen3OmniConfig) -> None:
         nn.Module.__init__(self)
@@ -154,7 +156,20 @@ class TalkerModel(CodecLM):
             hidden_projection=self._no_grad(self.hidden_projection),
             codec_embed=self._no_grad(self.model.codec_embedding),
             tts_embeds=self.tts_embeds,
+            deferred=self.deferred_rows,
         )
+
+    def defer_text_rows(self, on: bool) -> None:
+        """Project the trailing text rows of all requests together (`DeferredRows`; the stage turns it
+        on for CUDA and flushes before each step). Requests made after the call follow it."""
+        self.deferred_rows = DeferredRows(self._no_grad(self.text_projection)) if on else None
+
+    def text_rows_waiting(self) -> bool:
+        return self.deferred_rows is not None and bool(self.deferred_rows.pending)
+
+    def flush_text_rows(self) -> None:
+        if self.deferred_rows is not None:
+            self.deferred_rows.flush()
 
     def _no_grad(self, module: nn.Module):
         param = next(module.parameters())

@@ -33,6 +33,7 @@ class TalkerArgs(CodecLMArgs):
     """stages/talker_stage.py: the shared multi-codebook talker's args (`model`: a built TalkerModel)."""
 
     quantization: str = ""  # as ThinkerArgs.quantization (the talker's decoder; its code predictor stays bf16)
+    batch_text_rows: bool = True  # on CUDA, every stream's fed text rows projected in one GEMM a step (DeferredRows)
 
     def check(self) -> None:
         super().check()

@@ -82,6 +82,17 @@ class TalkerStage(CodecLMStage):
     def engine_ready(self) -> None:
         super().engine_ready()
         self._accept = self.model.cfg.talker.accept_hidden_layer
+        self.model.defer_text_rows(str(self.ctx.args.device).startswith("cuda") and self.ctx.args.batch_text_rows)
+
+    def has_work(self) -> bool:
+        return super().has_work() or (self.engine is not None and self.model.text_rows_waiting())
+
+    def step(self) -> list[Emit]:
+        """The text rows fed since the last step projected first (one GEMM for every stream), within
+        the round that took them."""
+        if self.engine is not None:
+            self.model.flush_text_rows()
+        return super().step()
 
     # ---- requests -------------------------------------------------------------------
     def open(self, rid: str, params: dict[str, Any]) -> None:
