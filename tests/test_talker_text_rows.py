@@ -61,7 +61,7 @@ def test_deferred_rows_equal_the_per_row_projection_in_order(ckpt):
     assert not model.text_rows_waiting() and ASSISTANT_PREFIX_ROWS == 4
 
 
-def _speech(ckpt: str, requests: list[dict], defer: bool) -> list:
+def _speech(ckpt: str, requests: list[dict], defer: bool, device: str = "cpu") -> list:
     from omni.models.qwen3_omni.graph import build
     from omni.models.qwen3_omni.stages.talker_stage import TalkerStage
     from qwen3_fixtures import LoopThread, RunningKernel, expose_codes
@@ -75,7 +75,7 @@ def _speech(ckpt: str, requests: list[dict], defer: bool) -> list:
     loop = LoopThread()
     try:
         TalkerStage.engine_ready = engine_ready
-        graph, _ = build(ckpt, threads=1)
+        graph, _ = build(ckpt, threads=1, device=device)
         with RunningKernel(loop, expose_codes(graph), mode="inline") as kernel:
             return kernel.many(requests)
     finally:
@@ -83,14 +83,20 @@ def _speech(ckpt: str, requests: list[dict], defer: bool) -> list:
         loop.close()
 
 
-def test_the_graph_with_deferred_rows_speaks_as_without(ckpt):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_graph_with_deferred_rows_speaks_as_without(ckpt, device):
+    """One request alone: the same tokens and codes (one row a flush rounds as one row alone); four at once:
+    the same tokens and every frame. On CUDA too (gpu-marked), where the stage defers by default."""
     from qwen3_fixtures import params, prompts
 
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+
     one = [params(prompts()["text"], "ethan", 10, 20, ignore_eos=True)]
-    plain, deferred = _speech(ckpt, one, False), _speech(ckpt, one, True)
+    plain, deferred = _speech(ckpt, one, False, device), _speech(ckpt, one, True, device)
     assert deferred[0].tokens == plain[0].tokens and (deferred[0].codes == plain[0].codes).all()
     many = [params(prompts()["text"], voice, 6 + 2 * i, 12 + 5 * i, ignore_eos=True)
             for i, voice in enumerate(("ethan", "chelsie", "ethan", "chelsie"))]
-    for a, b in zip(_speech(ckpt, many, False), _speech(ckpt, many, True)):
+    for a, b in zip(_speech(ckpt, many, False, device), _speech(ckpt, many, True, device)):
         assert b.tokens == a.tokens  # the thinker's: untouched
         assert b.codes is not None and b.codes.shape == a.codes.shape  # every frame of every stream
