@@ -84,10 +84,10 @@ class QKVProjection(nn.Module):
             rows, d = -1, self.head_dim
             c = cos.expand(*lead, d).reshape(rows, d)
             s = sin.expand(*lead, d).reshape(rows, d)
-            norm = self.q_norm is not None
-            q, k = fused_ops.qk_norm_rope(q.reshape(rows, self.heads, d), k.reshape(rows, self.kv_heads, d),
-                                          self.q_norm.weight if norm else None, self.k_norm.weight if norm else None,
-                                          self.q_norm.eps if norm else 0.0, c, s)
+            norms = (None, None, 0.0) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight,
+                                                                    self.q_norm.eps)
+            q, k = fused_ops.qk_norm_rope(q.reshape(rows, self.heads, d), k.reshape(rows, self.kv_heads, d), *norms,
+                                          c, s)
             return q.view(*lead, self.heads, d), k.view(*lead, self.kv_heads, d), v
         if self.q_norm is None:
             return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v

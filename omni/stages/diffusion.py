@@ -35,12 +35,6 @@ from omni.stages.threads import pin_torch_threads
 
 log = logging.getLogger("omni.diffusion")
 
-
-def _torch():
-    import torch
-
-    return torch
-
 GPU_MAX_BATCH, CPU_MAX_BATCH = 32, 8
 ODE_FIELDS = ("num_steps", "guidance_scale", "sway_coefficient", "solver")
 
@@ -197,7 +191,9 @@ class DiffusionStage(Stage):
         codes = data["codes"]
         on_torch = type(codes).__module__.startswith("torch")
         if on_torch:  # kept where it is: no copy to the host (a sync behind the forward in flight)
-            if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == _torch().bool:
+            import torch
+
+            if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
                 raise InvalidRequest(f"codes must be integers, got {codes.dtype}")
         else:
             codes = np.array(codes, copy=True)
@@ -211,7 +207,7 @@ class DiffusionStage(Stage):
         if (req.received + n) * self.model.frames_per_token > self.model.max_frames:
             raise InvalidRequest(f"more than {self.model.max_frames // self.model.frames_per_token} tokens")
         if on_torch:
-            codes = codes.detach().reshape(-1).to(_torch().int64).clone()
+            codes = codes.detach().reshape(-1).to(torch.int64).clone()
             bad = ((codes < 0) | (codes >= self.model.codebook_size)).any()  # read when a window ends
             req.bad = bad if req.bad is None else req.bad | bad
         else:
@@ -274,7 +270,8 @@ class DiffusionStage(Stage):
         return self.chunking.next_window(req.done, req.received, req.closed) if req.running is None else None
 
     def _start(self, req: DiffusionRequest, window: Window) -> Running:
-        torch = _torch()
+        import torch
+
         m, fpt = self.model, self.model.frames_per_token
         if len(req.tokens) > 1 or not isinstance(req.tokens[0], torch.Tensor):
             req.tokens = [torch.cat([torch.as_tensor(t).to(m.device) for t in req.tokens])]

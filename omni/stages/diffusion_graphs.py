@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -65,16 +65,14 @@ class PaddedVelocity:
             return static.out[:len(xs)].clone()  # solvers keep velocities: the next replay rewrites out
         return self._forward(static)[:len(xs)]
 
-    def capture_all(self, progress: Callable[[int, int], None] = lambda done, total: None) -> int:
+    def capture_all(self) -> int:
         """Every (rows, frames) bucket's graph, largest first (later ones reuse its memory pool)."""
         if not self.graphs_on:
             return 0
-        keys = [(r, f) for r in reversed(self.row_sizes) for f in reversed(self.frame_sizes)]
         began = time.monotonic()
-        for i, key in enumerate(keys):
+        for key in [(r, f) for r in reversed(self.row_sizes) for f in reversed(self.frame_sizes)]:
             if not self._capture(key) and self.disabled is not None:
                 break
-            progress(i + 1, len(keys))
         self.capture_seconds = time.monotonic() - began
         return sum(s.graph is not None for s in self.statics.values())
 
@@ -88,10 +86,7 @@ class PaddedVelocity:
             return None
         r = next((b for b in self.row_sizes if b >= rows), None)
         f = next((b for b in self.frame_sizes if b >= frames), None)
-        if r is None or f is None:
-            return None
-        static = self.statics.get((r, f))
-        return static if static is not None and static.graph is not None else None
+        return None if r is None or f is None else self.statics.get((r, f))  # only captured ones are kept
 
     def _new_static(self, rows: int, frames: int) -> _Static:
         m, dev = self.model, self.device

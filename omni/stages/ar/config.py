@@ -80,9 +80,10 @@ class EngineConfig:
         `max_num_seqs` slots (256 blocks, 4,096 tokens for every stream together, had one H200's
         64 streams queue for KV while the slots and the GPU idled: RESULTS 2026-12-04); on the CPU
         256 blocks; always at least one `max_model_len` sequence."""
-        per_slot = KV_TOKENS_PER_SEQ * int(self.max_num_seqs) if str(self.device).startswith("cuda") else 0
-        need = max(per_slot, int(self.max_model_len))
-        return max(CPU_NUM_BLOCKS if not per_slot else 1, -(-need // int(self.block_size)))
+        longest = -(-int(self.max_model_len) // int(self.block_size))
+        if not str(self.device).startswith("cuda"):
+            return max(CPU_NUM_BLOCKS, longest)
+        return max(-(-KV_TOKENS_PER_SEQ * int(self.max_num_seqs) // int(self.block_size)), longest)
 
     def __post_init__(self) -> None:
         if int(self.num_blocks) == 0:

@@ -11,9 +11,8 @@ reference checkpoint (under `token2wav.code2wav_dit_model.`).
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 import torch.nn.functional as F
+from torch import nn
 
 from omni.layers.ecapa import ECAPA
 from omni.layers.fused_linear import fuse_linears, still_fused

@@ -192,7 +192,6 @@ class Qwen2_5OmniTalker(nn.Module, ARModel):
         embedded = self.model.embed_tokens(tokens.clamp_min(0))  # -1: a non-finite row, failed by the engine
         for i, seq in enumerate(seqs):
             seq.model_state.setdefault(CODES_KEY, []).append(embedded[i])
-        return None
 
     def _reply(self, rows: ThinkerRows, k: int) -> torch.Tensor | None:
         if k < len(rows.reply):

@@ -139,8 +139,7 @@ class Token2Wav(nn.Module):
     def velocity(self, x: torch.Tensor, t: torch.Tensor, feats: torch.Tensor,
                  lengths: torch.Tensor | None = None) -> torch.Tensor:
         """In the DiT's dtype; the ODE's state and the velocity returned stay in x's (float32)."""
-        dt = self.code2wav_dit_model.proj_out.weight.dtype
-        return self.code2wav_dit_model.velocity(x.to(dt), t, feats, lengths).to(x.dtype)
+        return self.code2wav_dit_model.velocity(x.to(self.feature_dtype), t, feats, lengths).to(x.dtype)
 
     def render(self, stream: Token2WavStream, mel: torch.Tensor | None, last: bool) -> dict[str, Any] | None:
         """A mel chunk [frames, mel_dim] -> the PCM it makes final."""
