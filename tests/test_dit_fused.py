@@ -83,7 +83,7 @@ def test_fused_dit_in_bfloat16_on_cuda_inside_a_graph(tmp_path):
     from omni.layers.fused_linear import fuse_model_projections
     from omni.models.qwen2_5_omni.checkpoint.make_tiny import make_tiny
     from omni.models.qwen2_5_omni.modules.token2wav import Token2Wav
-    from omni.stages.ar.graph_capture import capture_graph
+    from omni.layers.graph_capture import capture_graph
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")

@@ -9,6 +9,7 @@
 #   omni-nolookahead, tts-nolookahead  as omni / tts with lookahead decode off (omni/stages/ar/lookahead.py): its A/B
 #   q25           Qwen2.5-Omni-7B (make-tiny qwen2.5-omni --preset full-7b: random weights drawn at load), as omni but
 #                 256 talker tokens: its talker speaks 50 tokens an audio second, so 5.1 s of audio as omni's 64 frames
+#   omni-rowsoff  as omni with the talker's deferred text rows off (batch_text_rows=false): their A/B
 #   tts-interval4  as tts with the talker's prefill_interval=4 (arrivals gathered into fewer prefill steps; at c=64
 #                  one talker step in three was a one-row prefill, 24 rows a step on average)
 # carry: .whl (omni's wheels). ~5-6 min. -> $OUT/timeline-*.md, $OUT/timeline-*.json, $OUT/timeline.log,
@@ -16,7 +17,8 @@
 # a variant that would start past it is skipped), LEVEL_S (40: no new request past it in a level),
 # TIMELINE_ARGS (more bench/timeline.py arguments for every variant), PROFILE=1 (torch.profiler windows of the
 # talker's and the codec/code2wav's steps under the load, omni/stages/step_profiler.py: OMNI_PROFILE_SKIP, default
-# "150,2500,5000", OMNI_PROFILE_STEPS 30; kernel tables and traces in $OUT/prof.tgz), SCALED=1 (a CPU dry run of this script:
+# "150,2500,5000", OMNI_PROFILE_STEPS 30; kernel tables in $OUT/prof.tgz, the chrome traces in
+# $OUT/prof-traces.tgz when under 15 MB), SCALED=1 (a CPU dry run of this script:
 # tiny checkpoints, c = 1,2, short requests).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -70,6 +72,7 @@ for variant in ${VARIANTS:-omni omni-slots64 tts tts-slots64}; do
                              --set talker.args.lookahead_decode=false) ;;
     tts-nolookahead) extra=(--concurrency $levels "${frames[@]}" --set talker.args.lookahead_decode=false) ;;
     q25) extra=(--concurrency $levels "${tokens[@]}" --audio-tokens $q25_tokens) ;;  # Qwen2.5-Omni-7B (issue 29)
+    omni-rowsoff) extra=(--concurrency $levels "${tokens[@]}" --set talker.args.batch_text_rows=false) ;;
     tts-interval4) extra=(--concurrency $levels "${frames[@]}" --set talker.args.prefill_interval=4) ;;
     *) log "unknown variant $variant"; continue ;;
   esac
@@ -83,5 +86,9 @@ for variant in ${VARIANTS:-omni omni-slots64 tts tts-slots64}; do
 done
 cp "$R"/timeline*.md "$R"/timeline*.json "$R/timeline.log" "$OUT/" 2>/dev/null
 tail -n 15 "$R"/omnid-*.log > "$OUT/omnid_tails.log" 2>/dev/null
-[ -d "$R/prof" ] && tar czf "$OUT/prof.tgz" -C "$R" prof
+if [ -d "$R/prof" ]; then  # the kernel tables always come back; the traces only when small enough (16 MiB a file)
+  tar czf "$OUT/prof.tgz" -C "$R" --exclude '*.json.gz' prof
+  tar czf "/tmp/prof-traces.tgz" -C "$R" prof --exclude '*.txt' && [ "$(stat -c %s /tmp/prof-traces.tgz)" -lt 15000000 ] \
+    && cp /tmp/prof-traces.tgz "$OUT/"
+fi
 log "done"

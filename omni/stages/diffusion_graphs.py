@@ -113,7 +113,7 @@ class PaddedVelocity:
     def _capture(self, key: tuple[int, int]) -> bool:
         """False when the bucket stays eager: out of memory (that bucket only), or a kernel that cannot
         be captured (every bucket: `disabled`)."""
-        from omni.stages.ar.graph_capture import capture_graph
+        from omni.layers.graph_capture import capture_graph
 
         try:
             static = self._new_static(*key)

@@ -17,6 +17,8 @@ from typing import Callable
 
 import torch
 
+from omni.layers.graph_capture import capture_graph  # the one recipe: inline stages capture at once
+
 log = logging.getLogger("omni.codec.graphs")
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
@@ -74,17 +76,8 @@ class CodecGraphs:
 
     def record(self, codes: torch.Tensor, meta: torch.Tensor, trim: dict[str, int]):
         """One CUDA graph of `step` on these inputs -> (replay, its output, consumed)."""
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # first use of each kernel outside the capture
-            self.step(codes, meta, trim)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out, consumed = self.step(codes, meta, trim)
-        torch.cuda.synchronize(self.device)
+        graph, (out, consumed) = capture_graph(lambda: self.step(codes, meta, trim), self.device, self.pool)
+        self.pool = graph.pool()
         return graph.replay, out, consumed
 
     def has(self, batch: int, frames: int, trim: dict[str, int]) -> bool:

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 
 from omni.layers.paged_attention import AttentionMetadata
-from omni.stages.ar.graph_capture import capture_graph
+from omni.layers.graph_capture import capture_graph
 from omni.stages.ar.graph_inputs import GraphDecodeStep, StagedInputs, decode_rows, numpy_dtype
 from omni.stages.ar.model_api import ARModel, DecodeForm, ForwardBatch, ForwardOutput
 from omni.stages.ar.sampler import SMALL_VOCAB, Sampler, SampleMode

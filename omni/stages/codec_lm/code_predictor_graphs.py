@@ -33,7 +33,7 @@ from omni.layers.predictor_frame import FusedPredictorFrame
 from omni.layers.rotary import rope_cos_sin
 from omni.stages.codec_lm.code_predictor import PREDICTOR_TOP_K, PREDICTOR_TOP_P, CodePredictor, predictor_rows
 from omni.stages.ar.cuda_graphs import batch_buckets
-from omni.stages.ar.graph_capture import capture_graph
+from omni.layers.graph_capture import capture_graph
 from omni.stages.ar.sampler import SampleMode, sample_rows
 
 log = logging.getLogger("omni.code_predictor_graphs")
