@@ -219,44 +219,62 @@ def test_padded_rows_equal_each_row_alone(pair):
     """`velocity` with lengths: a row's real frames as the row alone gives them, whatever the padding
     (the last real block looks ahead into padded frames, which it must not see); a padding row stays
     finite. This is what lets windows of every length share one forward (and one CUDA graph)."""
-    from omni.stages.diffusion_graphs import PaddedVelocity
-
     model = pair[0]
     block, fpt = model.pad_frames, model.frames_per_token
     lengths = [fpt * 3, block + fpt, 2 * block, fpt]
     g = torch.Generator().manual_seed(3)
-    xs = [torch.randn(n, model.latent_dim, generator=g) for n in lengths]
-    feats = [torch.randn(n, model.feature_dim, generator=g) for n in lengths]
-    ts = [torch.tensor(v) for v in (0.1, 0.5, 0.9, 0.3)]
-    padded = PaddedVelocity(model, max_rows=8, max_frames=3 * block, cuda_graphs=False)
-    v = padded(xs, ts, feats)
-    assert v.shape[1] == 2 * block and torch.isfinite(v).all()
+    width = 2 * block
+    x = torch.randn(len(lengths), width, model.latent_dim, generator=g)
+    feats = torch.randn(len(lengths), width, model.feature_dim, generator=g)
+    t = torch.tensor([0.1, 0.5, 0.9, 0.3])
+    with torch.inference_mode():
+        v = model.velocity(x, t, feats, torch.tensor(lengths))
+    assert torch.isfinite(v).all()
     for i, n in enumerate(lengths):
         with torch.inference_mode():
-            alone = model.velocity(xs[i][None], ts[i][None], feats[i][None])[0]
+            alone = model.velocity(x[i:i + 1, :n], t[i:i + 1], feats[i:i + 1, :n], torch.tensor([n]))[0]
         torch.testing.assert_close(v[i, :n], alone, rtol=0, atol=1e-5 * float(alone.abs().max()))
 
 
+def _seat_windows(batch, model, lengths, g, device):
+    for slot, n in enumerate(lengths):
+        x0 = torch.randn(n, model.latent_dim, generator=g)
+        feats = torch.randn(n, model.feature_dim, generator=g).to(device)
+        batch.seat(slot, x0, feats, None if slot % 3 == 2 else torch.randn(n, model.feature_dim, generator=g).to(device))
+
+
 @pytest.mark.gpu
-def test_velocity_graphs_equal_the_eager_padded_forward_on_cuda(tmp_path):
-    from omni.stages.diffusion_graphs import PaddedVelocity
+def test_step_graphs_equal_the_eager_step_on_cuda(tmp_path):
+    """Each (rows, frames) bucket's step replayed from its CUDA graph == the same step run eagerly:
+    windows of mixed lengths, each at its own sub-step, guided and not, over a whole grid."""
+    from omni.stages.diffusion_batch import WindowBatch
+    from omni.stages.ode import RK4, Progress, time_grid
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     model = Token2Wav.from_checkpoint(make_tiny(tmp_path / "t", seed=1, preset="tiny-a"), device="cuda")
     block, fpt = model.pad_frames, model.frames_per_token
-    graphs = PaddedVelocity(model, max_rows=8, max_frames=3 * block, cuda_graphs=True)
-    eager = PaddedVelocity(model, max_rows=8, max_frames=3 * block, cuda_graphs=False)
+    lengths = [fpt * 3, block + fpt, 2 * block, fpt, 3 * block]
+    graphs = WindowBatch(model, RK4, slots=8, frames=3 * block, cuda_graphs=True)
+    eager = WindowBatch(model, RK4, slots=8, frames=3 * block, cuda_graphs=False)
     assert graphs.capture_all() == len(graphs.row_sizes) * len(graphs.frame_sizes)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    for lengths in ([fpt * 3], [block + fpt, 2 * block, fpt], [3 * block] * 5, [block] * 8):
-        xs = [torch.randn(n, model.latent_dim, device="cuda", generator=g) for n in lengths]
-        feats = [torch.randn(n, model.feature_dim, device="cuda", generator=g) for n in lengths]
-        ts = [torch.rand((), device="cuda", generator=g) for _ in lengths]
-        got, want = graphs(xs, ts, feats), eager(xs, ts, feats)
-        for i, n in enumerate(lengths):
-            torch.testing.assert_close(got[i, :n], want[i, :n], rtol=0, atol=1e-5 * float(want[i, :n].abs().max()))
-    assert graphs.replays == 4 and eager.replays == 0
+    for batch in (graphs, eager):
+        _seat_windows(batch, model, lengths, torch.Generator().manual_seed(0), "cuda")
+    grid = time_grid(4, -1.0)
+    rows = [Progress(RK4, grid) for _ in lengths]
+    for i, p in enumerate(rows):  # staggered: every row at its own sub-step
+        for _ in range(i):
+            p.advance()
+    for _ in range(6):
+        params = np.array([(*p.now(), 0.5 if i % 3 != 2 else 0.0) for i, p in enumerate(rows)], dtype=np.float32)
+        for batch in (graphs, eager):
+            batch.step(params, max(lengths))
+        for p in rows:
+            p.advance()
+    assert graphs.replays == 6 and eager.replays == 0
+    for slot, n in enumerate(lengths):
+        want = eager.value(slot, 0, n)
+        torch.testing.assert_close(graphs.value(slot, 0, n), want, rtol=0, atol=1e-5 * float(want.abs().max()))
 
 
 def test_torch_codes_stay_on_their_device_and_a_bad_one_fails_only_its_request(pair):
@@ -288,3 +306,86 @@ def test_torch_codes_stay_on_their_device_and_a_bad_one_fails_only_its_request(p
     with pytest.raises(InvalidRequest):
         stage.open("f", {"seed": 1})
         stage.feed("f", "codes", {"codes": codes.float()})
+
+
+def _mel_chunks(model, sizes: dict, seed: int = 4) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {name: [torch.randn(n, model.latent_dim, generator=g) - 3 for n in ns] for name, ns in sizes.items()}
+
+
+def _render_together(model, chunks: dict) -> dict:
+    """Every stream's k-th chunk rendered in one call, round after round (as windows finish in a step)."""
+    streams, got = {name: model.new_stream({}) for name in chunks}, {n: [] for n in chunks}
+    for k in range(max(len(c) for c in chunks.values())):
+        names = [n for n in chunks if k < len(chunks[n])]
+        outs = model.render([streams[n] for n in names], [chunks[n][k].to(model.device) for n in names],
+                            [k == len(chunks[n]) - 1 for n in names])
+        for n, out in zip(names, outs):
+            if out is not None:
+                got[n].append(out["pcm"])
+    return {n: np.concatenate(v) for n, v in got.items()}
+
+
+def test_renders_of_many_streams_in_one_call_equal_each_alone(pair):
+    """Windows that finish in one step are vocoded together (padded to shared lengths where their kept
+    samples cannot see the padding; a stream's last window alone): each stream's PCM as alone."""
+    from omni.models.qwen2_5_omni.modules.token2wav import MelStream
+
+    model = pair[0]
+    chunks = _mel_chunks(model, {"a": (48, 72, 72, 30), "b": (48, 72, 11), "c": (24, 40, 72, 72, 72)})
+    got = _render_together(model, chunks)
+    for n, pieces in chunks.items():
+        stream = MelStream(model.code2wav_bigvgan_model, model.vocoder_context)
+        with torch.inference_mode():
+            want = [stream.push(c, k == len(pieces) - 1) for k, c in enumerate(pieces)]
+        w = np.concatenate([p.numpy() for p in want if p is not None])
+        np.testing.assert_allclose(got[n], w, rtol=0, atol=1e-5 * np.abs(w).max())
+
+
+@pytest.mark.gpu
+def test_render_graphs_equal_eager_renders_on_cuda(tmp_path):
+    """The vocoder's chunk windows replayed from CUDA graphs (rows padded to a captured count) ==
+    the same renders run eagerly."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    path = make_tiny(tmp_path / "t", seed=1, preset="tiny-a")
+    graphed, eager = (Token2Wav.from_checkpoint(path, device="cuda") for _ in range(2))
+    unit = graphed.align_tokens * graphed.frames_per_token
+    assert graphed.prepare(2 * unit, 3 * unit, 4) > 0
+    sizes = {"a": (2 * unit, 3 * unit, 3 * unit, 5), "b": (2 * unit, 3 * unit), "c": (2 * unit, 3 * unit, 3 * unit)}
+    got, want = _render_together(graphed, _mel_chunks(graphed, sizes)), _render_together(eager, _mel_chunks(eager, sizes))
+    assert graphed.vocoder_graphs.replays > 0
+    for n in sizes:
+        np.testing.assert_allclose(got[n], want[n], rtol=0, atol=1e-4 * np.abs(want[n]).max())
+
+
+def test_windows_beyond_the_slots_wait_and_first_windows_go_first(pair):
+    """One slot: a stream's next window waits behind another stream's first window (time to first
+    audio), and both streams still come out as alone."""
+    model = pair[0]
+    c_len = 3 * model.align_tokens * 3
+    feeds = {rid: _codes(model, c_len, seed=i)[0].numpy() for i, rid in enumerate(("r0", "r1"))}
+    stage = _stage(model, max_batch=1, num_steps=3)
+    for rid, codes in feeds.items():
+        stage.open(rid, {"seed": 7})
+        stage.feed(rid, "codes", {"codes": codes})
+        stage.close_input(rid)
+    out, seated = {rid: [] for rid in feeds}, []
+    while stage.has_work():
+        for e in stage.step():
+            if e.data is not None:
+                out[e.rid].append(e.data["pcm"])
+        running = [(rid, r.running.window.chunk_start) for rid, r in stage.requests.items() if r.running is not None]
+        assert len(running) <= 1
+        if running and running[0] not in seated:
+            seated.append(running[0])
+    assert seated[:3] == [("r0", 0), ("r1", 0), ("r0", stage.chunking.first_chunk)]  # r1's first before r0's second
+    for rid, codes in feeds.items():
+        alone = _run(_stage(model, num_steps=3), {rid: codes}, {rid: {"seed": 7}})[rid]
+        np.testing.assert_allclose(np.concatenate(out[rid]), alone, atol=1e-5 * np.abs(alone).max())
+
+
+def test_an_unknown_solver_in_a_request_is_refused(pair):
+    stage = _stage(pair[0])
+    with pytest.raises(InvalidRequest, match="solver"):
+        stage.open("a", {"sampling": {"token2wav": {"solver": "dopri5"}}})

@@ -1,7 +1,9 @@
-"""The one CUDA-graph capture recipe of every graph omni records (decode steps, the code predictor)."""
+"""The one CUDA-graph capture recipe of every graph omni records (decode steps, the code predictor, the
+codec, diffusion steps), and `ShapeGraphs`: a forward replayed per input shape."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Callable
 
@@ -10,6 +12,7 @@ import torch
 # Several stages share a process in inline mode and set up at once: one capture at a time, and no
 # device-wide synchronize (another thread's capture would make it fail), only this stream's.
 _CAPTURE_LOCK = threading.Lock()
+log = logging.getLogger("omni.graphs")
 
 
 @torch.inference_mode()
@@ -36,3 +39,49 @@ def _capture(body: Callable[[], Any], device, pool) -> tuple[torch.cuda.CUDAGrap
     with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         out = body()
     return graph, out
+
+
+class ShapeGraphs:
+    """`fn(x)` replayed from a CUDA graph per input shape captured ahead (`capture`; rows padded up to
+    a captured count), eagerly for any other shape. For a forward of many small kernels whose shapes repeat (a vocoder's chunk windows).
+    A replay's output lives in the graphs' memory pool until the next replay of its shape: use it
+    (copy it out) before calling again."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], device) -> None:
+        self.fn, self.device = fn, torch.device(device)
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.pool = None
+        self.replays = 0
+
+    def capture(self, shapes: list[tuple[int, ...]], dtype: torch.dtype) -> int:
+        """Graphs of the shapes, largest first (the rest reuse its pool); stops at the first that
+        fails (out of memory, a kernel that cannot be captured). Returns how many there are."""
+        if self.device.type != "cuda":
+            return 0
+        for shape in sorted(set(shapes), key=lambda s: -torch.Size(s).numel()):
+            static = torch.zeros(shape, dtype=dtype, device=self.device)
+            try:
+                graph, out = capture_graph(lambda: self.fn(static), self.device, self.pool)
+            except Exception as exc:  # serve eagerly rather than fail: the graphs only save launches
+                torch.cuda.current_stream(self.device).synchronize()
+                log.warning("CUDA graph of shape %s not captured (%s: %s)", shape,
+                                                        type(exc).__name__, exc)
+                break
+            self.pool = graph.pool()
+            self.graphs[tuple(shape)] = (graph, static, out)
+        return len(self.graphs)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """fn(x); x's rows are padded (with zeros) to the fewest of a captured shape with its other
+        dims: fn must treat rows independently."""
+        rest = tuple(x.shape[1:])
+        fits = [k for k in self.graphs if k[1:] == rest and k[0] >= x.shape[0]]
+        if not fits:
+            return self.fn(x)
+        graph, static, out = self.graphs[min(fits)]
+        n = x.shape[0]
+        static[:n].copy_(x)
+        static[n:].zero_()
+        graph.replay()
+        self.replays += 1
+        return out[:n]

@@ -156,7 +156,7 @@ class DiffusionArgs(StageArgs):
     right_context_blocks: int = 1  # context after a chunk: a window waits for these tokens
     max_batch: int = 0  # windows per forward (guidance rows not counted); 0 = 32 on a GPU, else 8
     tf32: bool = True  # on CUDA, float32 matmuls and convolutions on TF32 tensor cores (False: full float32)
-    cuda_graphs: bool = True  # on CUDA, a model taking padded rows replays its forwards (diffusion_graphs.py)
+    cuda_graphs: bool = True  # on CUDA, each step one graph replay (diffusion_batch.py), the render too
     out_port: str = ""  # "" = the first outgoing port (or "out")
 
     def check(self) -> None:

@@ -1,12 +1,14 @@
 """The diffusion stage: a flow-matching model's ODE solved for many streams, one forward per step.
 
 Each stream's tokens are solved window by window (diffusion_windows.py: chunks with left and right
-context, aligned to the model's attention blocks), each window from the stream's own noise. A step
-asks every running window's solver (ode.py) where it needs the velocity, whatever step or sub-step
-it is at, and evaluates all of them in one forward per window length: the conditional rows of every
-window and, for the guided ones, their null rows in the same batch; guidance then combines each
-pair (v_c + (v_c - v_null) * scale). A finished window's chunk goes out as the model renders it
-(`render`, e.g. through a vocoder), else as the latent itself.
+context, aligned to the model's attention blocks), each window from the stream's own noise. Every
+running window sits in a slot of one `WindowBatch` (diffusion_batch.py) per solver: a step asks the
+solver (ode.py) for each window's point, whatever step or sub-step it is at, evaluates all of them
+in one forward (each window's conditional row and its null row), combines each pair by guidance
+(v_c + (v_c - v_null) * scale; an unguided window's scale is 0) and folds the velocity in; on CUDA
+that whole step is one CUDA-graph replay. The host keeps only counters per window (ode.Progress).
+Windows finished in a step go out together, as the model renders them (`render`, e.g. through a
+vocoder, in one batched call), else as the latents themselves.
 
 Noise: a request's `seed` draws its noise as `torch.manual_seed(seed); torch.randn(...)` would, on
 the CPU in float32, frame after frame (see `NoiseStream`), so a seed reproduces a reference that
@@ -30,7 +32,7 @@ from omni.stages.diffusion_windows import Chunking, Window
 from omni.stages.gpu_clock import GpuClock
 from omni.stages.gpu_memory import gpu_memory
 from omni.stages.step_profiler import StepProfiler
-from omni.stages.ode import Solver, make_solver, time_grid
+from omni.stages.ode import Progress, solver_named, time_grid
 from omni.stages.threads import pin_torch_threads
 
 log = logging.getLogger("omni.diffusion")
@@ -47,6 +49,9 @@ class DiffusionModel(Protocol):
     align_tokens: int  # windows start on multiples of this
     max_frames: int  # the longest window
     codebook_size: int  # tokens lie in [0, codebook_size)
+    pad_frames: int  # rows of one forward are padded at their end to multiples of this
+    feature_dim: int  # `features`' width
+    feature_dtype: Any
     device: Any
 
     def new_stream(self, params: dict[str, Any]) -> Any:
@@ -58,13 +63,14 @@ class DiffusionModel(Protocol):
         conditional and null (None when not guided)."""
         ...
 
-    def velocity(self, x: Any, t: Any, feats: Any) -> Any:
-        """x [N, T, latent_dim] at times t [N] with feats [N, T, F] -> [N, T, latent_dim]."""
+    def velocity(self, x: Any, t: Any, feats: Any, lengths: Any) -> Any:
+        """x [N, T, latent_dim] at times t [N] with feats [N, T, F] -> [N, T, latent_dim]; row i's
+        first lengths[i] frames are real, the rest padding they must not see."""
         ...
 
-    # optional: render(stream, latent [T, latent_dim], last) -> dict | None (what goes out for a
-    # chunk); release(stream); pad_frames, feature_dim, feature_dtype: `velocity` takes
-    # lengths [N] of rows padded at their end to a multiple of pad_frames (diffusion_graphs.py)
+    # optional: render(streams, latents [T_i, latent_dim] or None, lasts) -> [dict | None] (what goes
+    # out for each stream's chunk, all in one call); prepare(first_chunk_frames, chunk_frames,
+    # max_streams) -> int (CUDA graphs of what render meets, captured at start-up); release(stream)
 
 
 class NoiseStream:
@@ -95,13 +101,13 @@ class NoiseStream:
 
 @dataclass
 class Running:
-    """One window in flight."""
+    """One window in flight: its slot in the solver's batch and its place on its time grid."""
 
     window: Window
-    solver: Solver
-    feats: Any
-    null: Any  # None: unguided
-    scale: float
+    solver: str
+    slot: int
+    progress: Progress
+    scale: float  # guidance (0: unguided)
 
 
 @dataclass
@@ -156,17 +162,29 @@ class DiffusionStage(Stage):
             import torch
 
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # this stage's process
-        self.padded = None
-        if getattr(m, "pad_frames", 0):
-            from omni.stages.diffusion_graphs import PaddedVelocity  # torch: imported only with a model
-
-            c = self.chunking
-            longest = (c.left + max(c.first_chunk, c.chunk) + c.right) * m.frames_per_token if c.first_chunk else 0
-            self.padded = PaddedVelocity(m, 2 * self.max_batch, longest, a.cuda_graphs)
-            n = self.padded.capture_all()
+        c = self.chunking
+        self.longest = (c.left + max(c.first_chunk, c.chunk) + c.right) * m.frames_per_token if c.first_chunk else 0
+        self.batches: dict[str, WindowBatch] = {}
+        self.slots: dict[str, list[Running | None]] = {}
+        n = self._batch(a.solver).capture_all()  # the default solver's steps, graphed on CUDA
+        if n:
+            log.info("%s: %d step CUDA graphs captured in %.1f s", self.ctx.name, n, self.batches[a.solver].capture_seconds)
+        prepare = getattr(m, "prepare", None)
+        if prepare is not None and a.cuda_graphs:
+            fpt = m.frames_per_token
+            n = prepare(c.first_chunk * fpt, c.chunk * fpt, self.max_batch)
             if n:
-                log.info("%s: %d velocity CUDA graphs captured in %.1f s", self.ctx.name, n,
-                         self.padded.capture_seconds)
+                log.info("%s: %d render CUDA graphs captured", self.ctx.name, n)
+
+    def _batch(self, solver: str) -> "WindowBatch":
+        """The slots of `solver`'s windows (made on first use; torch imported only with a model)."""
+        if solver not in self.batches:
+            from omni.stages.diffusion_batch import WindowBatch
+
+            self.batches[solver] = WindowBatch(self.model, solver_named(solver), self.max_batch, self.longest,
+                                               self.ctx.args.cuda_graphs)
+            self.slots[solver] = [None] * self.max_batch
+        return self.batches[solver]
 
     # ---- requests -------------------------------------------------------------------
     def open(self, rid: str, params: dict[str, Any]) -> None:
@@ -180,6 +198,10 @@ class DiffusionStage(Stage):
         seed = ode.pop("seed", params.get("seed"))
         if int(ode["num_steps"]) < 2:
             raise InvalidRequest(f"num_steps must be >= 2, got {ode['num_steps']}")
+        try:
+            solver_named(str(ode["solver"]))
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         seed = random.getrandbits(63) if seed is None else int(seed)
         self.requests[rid] = DiffusionRequest(self.model.new_stream(params),
                                               NoiseStream(seed, self.model.latent_dim, self.model.max_frames), ode)
@@ -225,6 +247,8 @@ class DiffusionStage(Stage):
 
     def abort(self, rid: str) -> None:
         req = self.requests.pop(rid, None)
+        if req is not None and req.running is not None:
+            self.slots[req.running.solver][req.running.slot] = None
         release = getattr(self.model, "release", None)
         if req is not None and release is not None:
             release(req.stream)
@@ -257,90 +281,101 @@ class DiffusionStage(Stage):
             if req.running is None and req.closed and req.done >= req.received:
                 emits.append(Emit(rid, self.out_port, self._flush(req), finish=True))
                 self.abort(rid)
-            elif req.running is None and (window := self._next(req)) is not None:
-                req.running = self._start(req, window)
-        for group in self._groups():
-            self._evaluate(group)
-        for rid, req in list(self.requests.items()):
-            if req.running is not None and req.running.solver.done:
-                emits += self._finish(rid, req)
-        return emits
+        self._seat_runnable()
+        for solver, slots in self.slots.items():
+            if any(slots):
+                self._evaluate(solver, slots)
+        done = [(rid, req) for rid, req in self.requests.items() if req.running is not None and req.running.progress.done]
+        return emits + (self._finish(done) if done else [])
 
     def _next(self, req: DiffusionRequest) -> Window | None:
         return self.chunking.next_window(req.done, req.received, req.closed) if req.running is None else None
 
-    def _start(self, req: DiffusionRequest, window: Window) -> Running:
+    def _seat_runnable(self) -> None:
+        """Runnable windows into free slots, streams' first windows first (time to first audio)."""
+        waiting = [(req.done > 0, i, req, w) for i, req in enumerate(self.requests.values())
+                   if (w := self._next(req)) is not None]
+        for _, _, req, window in sorted(waiting, key=lambda e: e[:2]):
+            solver = str(req.ode["solver"])
+            self._batch(solver)
+            slots = self.slots[solver]
+            slot = next((i for i, r in enumerate(slots) if r is None), None)
+            if slot is not None:
+                req.running = slots[slot] = self._start(req, window, slot)
+
+    def _start(self, req: DiffusionRequest, window: Window, slot: int) -> Running:
         import torch
 
-        m, fpt = self.model, self.model.frames_per_token
+        m, fpt, solver = self.model, self.model.frames_per_token, str(req.ode["solver"])
         if len(req.tokens) > 1 or not isinstance(req.tokens[0], torch.Tensor):
             req.tokens = [torch.cat([torch.as_tensor(t).to(m.device) for t in req.tokens])]
         tokens = req.tokens[0][window.start:window.end]
         if req.bad is not None:  # not checked yet: lookups stay in range, the request fails as the window ends
             tokens = tokens.clamp(0, m.codebook_size - 1)
         scale = float(req.ode["guidance_scale"])
-        feats, null = m.features(req.stream, tokens, guided=scale >= 1e-5)
-        x0 = req.noise.upto(window.end * fpt)[window.start * fpt:].to(m.device)
-        times = time_grid(int(req.ode["num_steps"]), req.ode["sway_coefficient"]).to(m.device)
-        return Running(window, make_solver(req.ode["solver"], x0, times), feats, null, scale)
+        guided = scale >= 1e-5
+        feats, null = m.features(req.stream, tokens, guided=guided)
+        x0 = req.noise.upto(window.end * fpt)[window.start * fpt:]
+        self._batch(solver).seat(slot, x0, feats, null)
+        times = time_grid(int(req.ode["num_steps"]), req.ode["sway_coefficient"])
+        return Running(window, solver, slot, Progress(solver_named(solver), times), scale if guided else 0.0)
 
-    def _groups(self) -> list[list[Running]]:
-        """Running windows by length (rows of one forward; one group of all lengths when the model
-        takes padded rows), at most `max_batch` a forward."""
-        by_len: dict[int, list[Running]] = {}
-        for req in self.requests.values():
-            if req.running is not None and not req.running.solver.done:
-                key = 0 if self.padded is not None else req.running.window.tokens
-                by_len.setdefault(key, []).append(req.running)
-        return [g[i:i + self.max_batch] for g in by_len.values() for i in range(0, len(g), self.max_batch)]
-
-    def _evaluate(self, group: list[Running]) -> None:
-        """One forward for every window of `group`: conditional rows, then the guided ones' null rows."""
-        import torch
-
-        points = [r.solver.point() for r in group]
-        guided = [i for i, r in enumerate(group) if r.null is not None]
-        xs = [x for _, x in points] + [points[i][1] for i in guided]
-        ts = [t for t, _ in points] + [points[i][0] for i in guided]
-        feats = [r.feats for r in group] + [group[i].null for i in guided]
-        with torch.inference_mode():
-            if self.padded is not None:
-                v = self.padded(xs, ts, feats)
-            else:
-                v = self.model.velocity(torch.stack(xs), torch.stack(ts), torch.stack(feats))
+    def _evaluate(self, solver: str, slots: list[Running | None]) -> None:
+        """One forward for every window in `solver`'s slots."""
+        n = max(i for i, r in enumerate(slots) if r is not None) + 1
+        rows = np.zeros((n, 4), dtype=np.float32)
+        frames = 0
+        for i, r in enumerate(slots[:n]):
+            if r is not None:
+                t, h, stage = r.progress.now()
+                rows[i] = (t, h, stage, r.scale)
+                frames = max(frames, r.window.tokens * self.model.frames_per_token)
+        self.batches[solver].step(rows, frames)
         self.forwards += 1
-        self.rows += len(xs)
-        null_row = {i: len(group) + j for j, i in enumerate(guided)}
-        for i, r in enumerate(group):
-            frames = xs[i].shape[0]
-            vc = v[i, :frames]
-            if i in null_row:
-                vc = vc + (vc - v[null_row[i], :frames]) * r.scale
-            r.solver.advance(vc)
+        self.rows += 2 * n
+        for r in slots[:n]:
+            if r is not None:
+                r.progress.advance()
 
-    def _finish(self, rid: str, req: DiffusionRequest) -> list[Emit]:
-        run, fpt = req.running, self.model.frames_per_token
-        req.running, w = None, run.window
-        if req.bad is not None and bool(req.bad):  # one sync a window, not one a message
-            self.abort(rid)
-            return [Emit(rid, error=self._range_error(), error_kind=InvalidRequest.kind)]
-        latent = run.solver.value[(w.chunk_start - w.start) * fpt:(w.chunk_end - w.start) * fpt]
-        req.done = w.chunk_end
+    def _finish(self, done: list[tuple[str, DiffusionRequest]]) -> list[Emit]:
+        """The windows that finished this step: range errors (one read for all), then every chunk
+        rendered in one call."""
+        fpt, emits = self.model.frames_per_token, []
+        flagged = [req for _, req in done if req.bad is not None]
+        if flagged:
+            import torch
+
+            bad = dict(zip(map(id, flagged), torch.stack([r.bad for r in flagged]).tolist()))
+        out = []
+        for rid, req in done:
+            run = req.running
+            req.running, w = None, run.window
+            self.slots[run.solver][run.slot] = None
+            if req.bad is not None and bad[id(req)]:
+                self.abort(rid)
+                emits.append(Emit(rid, error=self._range_error(), error_kind=InvalidRequest.kind))
+                continue
+            latent = self.batches[run.solver].value(run.slot, (w.chunk_start - w.start) * fpt,
+                                                    (w.chunk_end - w.start) * fpt)
+            req.done, req.flushed = w.chunk_end, w.last
+            out.append((rid, req, latent, w.last))
         render = getattr(self.model, "render", None)
-        req.flushed = w.last
-        data = render(req.stream, latent, w.last) if render else {"latent": latent.float().cpu().numpy()}
-        return [Emit(rid, self.out_port, data)] if data is not None else []
+        if render is not None and out:
+            datas = render([req.stream for _, req, _, _ in out], [lat for _, _, lat, _ in out], [la for *_, la in out])
+        else:
+            datas = [{"latent": lat.float().cpu().numpy()} for _, _, lat, _ in out]
+        return emits + [Emit(rid, self.out_port, data) for (rid, *_), data in zip(out, datas) if data is not None]
 
     def _flush(self, req: DiffusionRequest) -> dict[str, Any] | None:
         """What a model holds back of a stream whose last chunk was not known to be last."""
         render = getattr(self.model, "render", None)
         if render is None or req.flushed or not req.done:
             return None
-        return render(req.stream, None, True)
+        return render([req.stream], [None], [True])[0]
 
     def stats(self) -> dict[str, Any]:
         device = getattr(self.model, "device", "cpu")
         return {"running": len(self.requests), "buffered_tokens": self.backlog(), "forwards": self.forwards,
                 "rows": self.rows, "max_batch": self.max_batch, **gpu_memory(device),
-                **(self.padded.stats() if self.padded is not None else {}),
+                **{k: v for b in self.batches.values() for k, v in b.stats().items()},
                 **({"time_s": {"gpu": self.gpu_clock.seconds()}} if self.gpu_clock.on else {})}

@@ -24,6 +24,7 @@ from omni.models.qwen2_5_omni.modules.dit import DiT
 from omni.models.weights import CheckpointError, load_module
 
 PREFIX = "token2wav"
+VOCODER_PAD = 8  # mel frames: chunk windows are padded to multiples of this, to share vocoder calls and graphs
 
 
 def load_speakers(ckpt_dir: str | Path) -> dict[str, dict[str, Any]]:
@@ -50,8 +51,10 @@ class MelStream:
         self.offset = 0  # the stream frame of self.mel[:, 0]
         self.out = 0  # frames whose PCM went out
 
-    def push(self, mel: torch.Tensor | None, last: bool) -> torch.Tensor | None:
-        """mel [frames, mel_dim] (or None) -> the PCM now final, [samples] (None: none yet)."""
+    def take(self, mel: torch.Tensor | None, last: bool) -> tuple[torch.Tensor, int, int, bool] | None:
+        """mel [frames, mel_dim] (or None) in -> what to vocode now: (the mel window [mel_dim, W], the
+        samples [a, b) of its PCM that are final, whether the window may be padded at its end: its
+        kept samples see no farther than its end); None: nothing yet."""
         if mel is not None and len(mel):
             mel = mel.T
             self.mel = mel if self.mel is None else torch.cat([self.mel, mel], dim=1)
@@ -64,13 +67,39 @@ class MelStream:
         lo = max(self.offset, self.out - self.context)
         hi = min(total, upto + self.context)
         window = self.mel[:, lo - self.offset:hi - self.offset]
-        pcm = self.vocoder(window[None])[0]
         hop = self.vocoder.hop
-        pcm = pcm[(self.out - lo) * hop:(upto - lo) * hop]
+        cut = ((self.out - lo) * hop, (upto - lo) * hop, upto + self.context <= hi)
         self.out = upto
         keep = max(self.offset, self.out - self.context)
         self.mel, self.offset = self.mel[:, keep - self.offset:], keep
-        return pcm
+        return (window, *cut)
+
+    def push(self, mel: torch.Tensor | None, last: bool) -> torch.Tensor | None:
+        """`take`, vocoded alone: the PCM now final, [samples] (None: none yet)."""
+        got = self.take(mel, last)
+        if got is None:
+            return None
+        window, a, b, _ = got
+        return self.vocoder(window[None])[0][a:b]
+
+
+def vocode_windows(vocoder, windows: list[tuple[torch.Tensor, int, int, bool]], pad: int) -> list[torch.Tensor]:
+    """Many streams' `MelStream.take` windows in few vocoder calls: those that may be padded are
+    padded at their end (their last frame repeated) to a multiple of `pad` frames and run together
+    per length; the rest alone. -> each window's final PCM [b - a], in order."""
+    out: list[torch.Tensor | None] = [None] * len(windows)
+    groups: dict[int, list[int]] = {}
+    for i, (mel, a, b, paddable) in enumerate(windows):
+        width = -(-mel.shape[1] // pad) * pad if paddable else -1 - i  # a unique key: alone
+        groups.setdefault(width, []).append(i)
+    for width, members in groups.items():
+        mels = [windows[i][0] for i in members]
+        if width > 0:
+            mels = [torch.cat([m, m[:, -1:].expand(-1, width - m.shape[1])], dim=1) for m in mels]
+        pcm = vocoder(torch.stack(mels))
+        for row, i in enumerate(members):
+            out[i] = pcm[row, windows[i][1]:windows[i][2]]
+    return out
 
 
 @dataclass
@@ -100,6 +129,7 @@ class Token2Wav(nn.Module):
         self.pad_frames = cfg.dit.block_size  # windows may be padded at their end (`velocity`'s lengths)
         self.feature_dim = cfg.dit.enc_dim + cfg.dit.emb_dim + cfg.dit.enc_emb_dim  # `features`' width
         self.vocoder_context = self.code2wav_bigvgan_model.context_frames()
+        self.vocoder_graphs = None  # `prepare`: the vocoder's chunk windows replayed from CUDA graphs
 
     @property
     def device(self) -> torch.device:
@@ -141,10 +171,40 @@ class Token2Wav(nn.Module):
         """In the DiT's dtype; the ODE's state and the velocity returned stay in x's (float32)."""
         return self.code2wav_dit_model.velocity(x.to(self.feature_dtype), t, feats, lengths).to(x.dtype)
 
-    def render(self, stream: Token2WavStream, mel: torch.Tensor | None, last: bool) -> dict[str, Any] | None:
-        """A mel chunk [frames, mel_dim] -> the PCM it makes final."""
+    def render(self, streams: list[Token2WavStream], mels: list[torch.Tensor | None],
+               lasts: list[bool]) -> list[dict[str, Any] | None]:
+        """Each stream's mel chunk [frames, mel_dim] (or None) -> the PCM it makes final, vocoded
+        together (one copy to the host for all)."""
         with torch.inference_mode():
-            pcm = stream.mel.push(mel, last)
-        if pcm is None:
-            return None
-        return {"pcm": np.ascontiguousarray(pcm.float().cpu().numpy()), "sample_rate": self.sample_rate}
+            taken = [s.mel.take(m, last) for s, m, last in zip(streams, mels, lasts)]
+            windows = [t for t in taken if t is not None]
+            vocoder = self.vocoder_graphs or self.code2wav_bigvgan_model
+            pcms = vocode_windows(vocoder, windows, VOCODER_PAD) if windows else []
+            host = torch.cat([p.float() for p in pcms]).cpu().numpy() if pcms else None
+        out, at, k = [], 0, 0
+        for t in taken:
+            if t is None:
+                out.append(None)
+                continue
+            n = pcms[k].shape[0]
+            out.append({"pcm": np.ascontiguousarray(host[at:at + n]), "sample_rate": self.sample_rate})
+            at, k = at + n, k + 1
+        return out
+
+    def prepare(self, first_frames: int, chunk_frames: int, max_streams: int) -> int:
+        """CUDA graphs of the vocoder for the windows a stream's chunks of these lengths meet, for up
+        to `max_streams` at once (nothing off CUDA). Returns how many."""
+        from omni.layers.graph_capture import ShapeGraphs
+        from omni.stages.ar.cuda_graphs import batch_buckets
+
+        if self.device.type != "cuda" or not first_frames:
+            return 0
+        probe, widths = MelStream(self.code2wav_bigvgan_model, self.vocoder_context), set()
+        for frames in [first_frames] + [chunk_frames] * 4:
+            got = probe.take(torch.zeros(frames, self.latent_dim), last=False)
+            if got is not None and got[3]:
+                widths.add(-(-got[0].shape[1] // VOCODER_PAD) * VOCODER_PAD)
+        self.vocoder_graphs = ShapeGraphs(self.code2wav_bigvgan_model, self.device)
+        shapes = [(n, self.latent_dim, w) for n in batch_buckets(max_streams) for w in widths]
+        with torch.inference_mode():
+            return self.vocoder_graphs.capture(shapes, torch.float32)
