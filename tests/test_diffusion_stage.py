@@ -89,6 +89,16 @@ def test_windows_are_aligned_and_wait_for_their_right_context():
     assert whole.next_window(0, 9, False) is None and whole.next_window(0, 9, True) == Window(0, 0, 9, 9, True)
 
 
+def test_growing_chunks_as_long_as_the_audio_out_up_to_the_longest():
+    c = Chunking.in_blocks(align=4, first=2, chunk=8, left=2, right=1, grow=True)
+    assert c.schedule(6) == [8, 8, 16, 32, 32, 32]
+    assert c.next_window(8, 19, False) is None  # chunk [8, 16) waits for one block after it
+    assert c.next_window(8, 20, False) == Window(0, 8, 16, 20, False)
+    assert c.next_window(32, 80, True) == Window(24, 32, 64, 68, False)
+    assert c.longest_window == 4 * (2 + 8 + 1) and Chunking.in_blocks(4, 0, 3, 2, 1).longest_window == 0
+    assert Chunking.in_blocks(4, 2, 8, 2, 1).schedule(3) == [8, 32, 32]
+
+
 @pytest.mark.parametrize("dim", [80, 32, 24])
 def test_seeded_noise_drawn_in_pieces_equals_one_draw(dim):
     torch.manual_seed(5)

@@ -151,7 +151,8 @@ class DiffusionArgs(StageArgs):
     sway_coefficient: float = -1.0  # sway sampling of the time grid
     solver: str = "rk4"
     first_chunk_blocks: int = 2  # tokens of a stream's first window (time to first audio); 0: whole utterance
-    chunk_blocks: int = 3  # tokens of every later window
+    chunk_blocks: int = 8  # tokens of every later window (the longest, with grow_chunks)
+    grow_chunks: bool = True  # later chunks as long as the audio out so far, up to chunk_blocks (2, 2, 4, 8, ...)
     left_context_blocks: int = 2  # context before a chunk, in its window (its output is dropped)
     right_context_blocks: int = 1  # context after a chunk: a window waits for these tokens
     max_batch: int = 0  # windows per forward (guidance rows not counted); 0 = 32 on a GPU, else 8

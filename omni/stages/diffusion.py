@@ -69,8 +69,8 @@ class DiffusionModel(Protocol):
         ...
 
     # optional: render(streams, latents [T_i, latent_dim] or None, lasts) -> [dict | None] (what goes
-    # out for each stream's chunk, all in one call); prepare(first_chunk_frames, chunk_frames,
-    # max_streams) -> int (CUDA graphs of what render meets, captured at start-up); release(stream)
+    # out for each stream's chunk, all in one call); prepare(chunk_frames, max_streams) -> int (CUDA
+    # graphs of what render meets for chunks of these lengths, captured at start-up); release(stream)
 
 
 class NoiseStream:
@@ -154,7 +154,7 @@ class DiffusionStage(Stage):
     def _ready(self) -> None:
         a, m = self.ctx.args, self.model
         self.chunking = Chunking.in_blocks(m.align_tokens, a.first_chunk_blocks, a.chunk_blocks,
-                                           a.left_context_blocks, a.right_context_blocks)
+                                           a.left_context_blocks, a.right_context_blocks, a.grow_chunks)
         on_gpu = str(getattr(m, "device", "cpu")).startswith("cuda")
         self.max_batch = a.max_batch or (GPU_MAX_BATCH if on_gpu else CPU_MAX_BATCH)
         self.gpu_clock = GpuClock(getattr(m, "device", "cpu"))
@@ -163,16 +163,15 @@ class DiffusionStage(Stage):
 
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # this stage's process
         c = self.chunking
-        self.longest = (c.left + max(c.first_chunk, c.chunk) + c.right) * m.frames_per_token if c.first_chunk else 0
+        self.longest = c.longest_window * m.frames_per_token
         self.batches: dict[str, WindowBatch] = {}
         self.slots: dict[str, list[Running | None]] = {}
         n = self._batch(a.solver).capture_all()  # the default solver's steps, graphed on CUDA
         if n:
             log.info("%s: %d step CUDA graphs captured in %.1f s", self.ctx.name, n, self.batches[a.solver].capture_seconds)
         prepare = getattr(m, "prepare", None)
-        if prepare is not None and a.cuda_graphs:
-            fpt = m.frames_per_token
-            n = prepare(c.first_chunk * fpt, c.chunk * fpt, self.max_batch)
+        if prepare is not None and a.cuda_graphs and c.first_chunk:
+            n = prepare([size * m.frames_per_token for size in c.schedule(6)], self.max_batch)
             if n:
                 log.info("%s: %d render CUDA graphs captured", self.ctx.name, n)
 

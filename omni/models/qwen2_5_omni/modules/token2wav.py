@@ -191,16 +191,16 @@ class Token2Wav(nn.Module):
             at, k = at + n, k + 1
         return out
 
-    def prepare(self, first_frames: int, chunk_frames: int, max_streams: int) -> int:
-        """CUDA graphs of the vocoder for the windows a stream's chunks of these lengths meet, for up
-        to `max_streams` at once (nothing off CUDA). Returns how many."""
+    def prepare(self, chunk_frames: list[int], max_streams: int) -> int:
+        """CUDA graphs of the vocoder for the windows a stream whose chunks have these lengths (in
+        frames) meets, for up to `max_streams` at once (nothing off CUDA). Returns how many."""
         from omni.layers.graph_capture import ShapeGraphs
         from omni.stages.ar.cuda_graphs import batch_buckets
 
-        if self.device.type != "cuda" or not first_frames:
+        if self.device.type != "cuda":
             return 0
         probe, widths = MelStream(self.code2wav_bigvgan_model, self.vocoder_context), set()
-        for frames in [first_frames] + [chunk_frames] * 4:
+        for frames in chunk_frames:
             got = probe.take(torch.zeros(frames, self.latent_dim), last=False)
             if got is not None and got[3]:
                 widths.add(-(-got[0].shape[1] // VOCODER_PAD) * VOCODER_PAD)
