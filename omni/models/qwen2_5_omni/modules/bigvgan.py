@@ -40,10 +40,13 @@ class AMPBlock(nn.Module):
         return x
 
 
+# the amplitude floor, float32 as the reference computes it; a Python number, so a CUDA graph can record the clamp
+AMP_FLOOR = float(torch.exp(torch.tensor(MIN_DB / 20.0 * math.log(10), dtype=torch.float32)))
+
+
 def normalized_db(mel: torch.Tensor) -> torch.Tensor:
     """The model's input scale: natural-log mel -> dB - 20, mapped from [-115, 0] dB to [-1, 1]."""
-    floor = torch.exp(torch.tensor(MIN_DB / 20.0 * math.log(10), device=mel.device, dtype=mel.dtype))
-    db = 20 * torch.log10(torch.clamp(torch.exp(mel), min=floor)) - 20
+    db = 20 * torch.log10(torch.clamp(torch.exp(mel), min=AMP_FLOOR)) - 20
     return torch.clamp(2 * ((db - MIN_DB) / (-MIN_DB)) - 1, -1, 1)
 
 
