@@ -116,7 +116,8 @@ class DiffusionRequest:
     noise: NoiseStream
     ode: dict[str, Any]
     tokens: list[Any] = field(default_factory=list)  # int64 blocks: numpy, or torch where they came so
-    bad: Any = None  # torch-fed codes: a device flag, any out of [0, codebook_size) (checked as a window ends)
+    on_device: bool = False  # torch-fed codes: range checked on the device, a window at a time
+    bad: Any = None  # the running window's device flag: a token out of [0, codebook_size) (read as it ends)
     received: int = 0
     done: int = 0  # tokens whose chunks went out
     closed: bool = False
@@ -227,10 +228,9 @@ class DiffusionStage(Stage):
         n = int(codes.shape[0]) if codes.ndim else 1
         if (req.received + n) * self.model.frames_per_token > self.model.max_frames:
             raise InvalidRequest(f"more than {self.model.max_frames // self.model.frames_per_token} tokens")
-        if on_torch:
-            codes = codes.detach().reshape(-1).to(torch.int64).clone()
-            bad = ((codes < 0) | (codes >= self.model.codebook_size)).any()  # read when a window ends
-            req.bad = bad if req.bad is None else req.bad | bad
+        if on_torch:  # one copy (the channel's buffer is valid during the call only); range checked per window
+            codes = codes.detach().reshape(-1).to(torch.int64, copy=True)
+            req.on_device = True
         else:
             codes = codes.reshape(-1).astype(np.int64)
             if codes.size and (codes.min() < 0 or codes.max() >= self.model.codebook_size):
@@ -309,7 +309,8 @@ class DiffusionStage(Stage):
         if len(req.tokens) > 1 or not isinstance(req.tokens[0], torch.Tensor):
             req.tokens = [torch.cat([torch.as_tensor(t).to(m.device) for t in req.tokens])]
         tokens = req.tokens[0][window.start:window.end]
-        if req.bad is not None:  # not checked yet: lookups stay in range, the request fails as the window ends
+        if req.on_device:  # not checked yet: lookups stay in range, the request fails as the window ends
+            req.bad = ((tokens < 0) | (tokens >= m.codebook_size)).any()
             tokens = tokens.clamp(0, m.codebook_size - 1)
         scale = float(req.ode["guidance_scale"])
         guided = scale >= 1e-5

@@ -33,7 +33,9 @@ class TalkerArgs(CodecLMArgs):
     """stages/talker_stage.py: the shared multi-codebook talker's args (`model`: a built TalkerModel)."""
 
     quantization: str = ""  # as ThinkerArgs.quantization (the talker's decoder; its code predictor stays bf16)
-    batch_text_rows: bool = True  # on CUDA, every stream's fed text rows projected in one GEMM a step (DeferredRows)
+    # on CUDA, every stream's fed text rows projected in one GEMM a step (DeferredRows). Off: measured slower on
+    # the H200 (2026-12-04 call3, Qwen3-Omni c=16: TTFA 1,470 ms / RTF 0.389 on vs 439 ms / 0.183 off; bench/RESULTS.md)
+    batch_text_rows: bool = False
 
     def check(self) -> None:
         super().check()
