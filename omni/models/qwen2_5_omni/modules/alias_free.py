@@ -1,5 +1,6 @@
 """BigVGAN's anti-aliased Snake activation: upsample 2x (Kaiser-windowed sinc), SnakeBeta, downsample
-2x. The filters are computed, not stored (they are not in the checkpoint)."""
+2x. The filters are computed, not stored (they are not in the checkpoint). On CUDA the three run as one
+kernel (alias_free_fused.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from omni.models.qwen2_5_omni.modules import alias_free_fused
 
 
 def kaiser_sinc(cutoff: float, half_width: float, taps: int) -> torch.Tensor:
@@ -75,6 +78,20 @@ class AliasFreeSnake(nn.Module):
         self.act = SnakeBeta(channels)
         self.upsample = UpSample()
         self.downsample = DownSample()
+        self._snake_params: tuple | None = None  # (versions, exp(alpha), 1 / (exp(beta) + 1e-9)) for the fused kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if alias_free_fused.enabled(x):
+            up, down = self.upsample, self.downsample
+            return alias_free_fused.alias_free_snake(x, *self._fused_params(), up.filter, down.filter, up.pad,
+                                                     up.crop_left, down.pads[0])
         return self.downsample(self.act(self.upsample(x)))
+
+    def _fused_params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """SnakeBeta's per-channel factors, computed once (again only if its parameters change)."""
+        a, b = self.act.alpha, self.act.beta
+        key = (a.data_ptr(), a._version, b.data_ptr(), b._version)
+        if self._snake_params is None or self._snake_params[0] != key:
+            with torch.no_grad():
+                self._snake_params = (key, torch.exp(a).float(), (1.0 / (torch.exp(b) + 1e-9)).float())
+        return self._snake_params[1], self._snake_params[2]
