@@ -18,7 +18,7 @@ from omni.layers.ecapa import ECAPA
 from omni.layers.fused_linear import fuse_linears, still_fused
 from omni.layers.rotary import rope_cos_sin, rope_inv_freq
 from omni.models.qwen2_5_omni.config import DiTConfig
-from omni.models.qwen2_5_omni.modules.dit_layers import AdaNorm, DiTBlock, TimestepEmbedding, modulate
+from omni.models.qwen2_5_omni.modules.dit_layers import AdaNorm, BlockWindows, DiTBlock, TimestepEmbedding, modulate
 
 
 class CodecEmbedding(nn.Module):
@@ -98,25 +98,18 @@ class DiT(nn.Module):
         """x [N, T, mel_dim] at times t [N], feats [N, T, F] -> d x / d t [N, T, mel_dim]. `lengths` [N]:
         each row's real frames, the rest padding at its end: no real frame attends to a padded one (a
         padded frame attends to itself too, so no row of the softmax is empty), so the real frames
-        come out as the row alone gives them."""
+        come out as the row alone gives them. Attention runs over windows of blocks (`BlockWindows`)."""
         emb = self.time_embed(t)
         h = self.input_embed.proj(torch.cat((x, feats), dim=-1))
         frames = x.shape[1]
         positions = torch.arange(frames, device=x.device)
         cos, sin = rope_cos_sin(self.inv_freq, positions, h.dtype)
-        blocks = positions // self.cfg.block_size
-        block_diff = blocks[None, :] - blocks[:, None]  # key block - query block
-        keep = None
-        if lengths is not None:  # [N, 1, T, T]: real keys, or the query's own frame
-            real = positions[None, :] < lengths[:, None]
-            keep = (real[:, None, :] | torch.eye(frames, dtype=torch.bool, device=x.device)[None])[:, None]
-        masks: dict[tuple[int, int], torch.Tensor] = {}
+        real = positions[None, :] < lengths[:, None] if lengths is not None else None
+        spans: dict[tuple[int, int], BlockWindows] = {}
         *params, (scale, shift) = self._modulations(emb)
         for block, p in zip(self.transformer_blocks, params):
             span = (block.back, block.ahead)
-            if span not in masks:  # additive (0 / -inf), made once: SDPA would convert a bool mask every layer
-                mask = (block_diff >= -block.back) & (block_diff <= block.ahead)
-                mask = mask if keep is None else mask & keep
-                masks[span] = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill(~mask, float("-inf"))
-            h = block(h, p, cos, sin, masks[span])
+            if span not in spans:
+                spans[span] = BlockWindows(frames, self.cfg.block_size, *span, real, x.shape[0], h.dtype, x.device)
+            h = block(h, p, cos, sin, spans[span])
         return self.proj_out(modulate(h, scale, shift))

@@ -63,6 +63,53 @@ def deinterleave(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
 
 
+class BlockWindows:
+    """Attention of each frame over the blocks [b - back, b + ahead] around its own block b, as SDPA over
+    windows of keys: [N * B, heads, block, (back + 1 + ahead) * block] scores instead of [N, heads, T, T]
+    (19 of the 22 published layers see their own block alone: 11x fewer scores at 11 blocks). Keys that
+    are padding (past a row's length, or blocks before the first / after the last) are masked, but a
+    frame always sees itself, so no softmax row is empty. Built once a forward per (back, ahead)."""
+
+    def __init__(self, frames: int, block: int, back: int, ahead: int, real: torch.Tensor | None,
+                 rows: int, dtype: torch.dtype, device) -> None:
+        self.frames, self.block, self.back, self.ahead = frames, block, back, ahead
+        self.blocks = -(-frames // block)
+        span, padded = back + 1 + ahead, self.blocks * block
+        blocks = torch.arange(self.blocks, device=device)
+        key_block = blocks[:, None] + torch.arange(span, device=device)[None] - back  # [B, span]
+        key_frame = key_block[..., None] * block + torch.arange(block, device=device)  # [B, span, block]
+        inside = ((key_block >= 0) & (key_block < self.blocks))[..., None] & (key_frame < frames)
+        keep = inside.reshape(1, self.blocks, 1, span * block)
+        if real is not None:  # [rows, T]: the row's real frames
+            real = F.pad(real, (0, padded - frames), value=False)
+            keep = keep & real[:, key_frame.clamp(0, padded - 1).reshape(-1)].view(rows, self.blocks, 1, -1)
+        own = torch.arange(block, device=device)
+        itself = torch.zeros(block, span * block, dtype=torch.bool, device=device)
+        itself[own, back * block + own] = True
+        keep = keep | itself  # [rows or 1, B, block, span * block]
+        self.mask = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v [N, T, heads, head_dim] -> [N, T, heads, head_dim]."""
+        n, t, h, d = q.shape
+        b, blk = self.blocks, self.block
+        tail = b * blk - t
+        q = F.pad(q, (0, 0, 0, 0, 0, tail)).view(n * b, blk, h, d).transpose(1, 2)
+        k, v = (self._windows(F.pad(x, (0, 0, 0, 0, self.back * blk, tail + self.ahead * blk))) for x in (k, v))
+        mask = self.mask.expand(n, -1, -1, -1).reshape(n * b, 1, blk, -1)
+        out = sdpa(q, k, v, attn_mask=mask)  # [N * B, heads, block, head_dim]
+        return out.transpose(1, 2).reshape(n, b * blk, h, d)[:, :t]
+
+    def _windows(self, x: torch.Tensor) -> torch.Tensor:
+        """x padded by `back` blocks before and `ahead` after -> [N * B, heads, span * block, head_dim]."""
+        n, _, h, d = x.shape
+        b, blk = self.blocks, self.block
+        x = x.view(n, -1, blk, h, d)
+        x = x[:, :b] if self.back + self.ahead == 0 else torch.cat(
+            [x[:, i:i + b] for i in range(self.back + 1 + self.ahead)], dim=2)
+        return x.reshape(n * b, -1, h, d).transpose(1, 2)
+
+
 class DiTAttention(nn.Module):
     def __init__(self, hidden: int, heads: int, head_dim: int):
         super().__init__()
@@ -79,9 +126,8 @@ class DiTAttention(nn.Module):
             self.to_qkv = fuse_linears(self.to_q, self.to_k, self.to_v)
         return self.to_qkv is not None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x [N, T, hidden]; cos/sin [T, head_dim]; mask [T, T] or [N, 1, T, T]: bool (True: attend) or
-        additive (0 / -inf)."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, windows: BlockWindows) -> torch.Tensor:
+        """x [N, T, hidden]; cos/sin [T, head_dim]; `windows`: which frames each frame attends to."""
         n, t, _ = x.shape
         if self.to_qkv is not None:
             q, k, v = self.to_qkv(x).view(n, t, 3, self.heads, self.head_dim).unbind(2)
@@ -92,8 +138,7 @@ class DiTAttention(nn.Module):
         else:
             q = torch.cat((apply_rope(deinterleave(q[:, :, :1]), cos, sin), q[:, :, 1:]), dim=2)
             k = torch.cat((apply_rope(deinterleave(k[:, :, :1]), cos, sin), k[:, :, 1:]), dim=2)
-        out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
-        return self.to_out[0](out.transpose(1, 2).reshape(n, t, -1))
+        return self.to_out[0](windows(q, k, v).reshape(n, t, -1))
 
 
 class MLP(nn.Module):
@@ -118,9 +163,9 @@ class DiTBlock(nn.Module):
         self.attn = DiTAttention(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim)
         self.ff = MLP(cfg.hidden_size, cfg.ff_mult)
 
-    def forward(self, x, params, cos, sin, mask):
-        """`params`: the six modulation sets (`attn_norm.params_of`); `mask`: this block's attention
-        mask (`DiT.velocity` builds both). Each gated residual is one fused multiply-add."""
+    def forward(self, x, params, cos, sin, windows: BlockWindows):
+        """`params`: the six modulation sets (`attn_norm.params_of`); `windows`: this block's attention
+        span (`DiT.velocity` builds both). Each gated residual is one fused multiply-add."""
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = params
-        x = torch.addcmul(x, gate_a.unsqueeze(1), self.attn(modulate(x, scale_a, shift_a), cos, sin, mask))
+        x = torch.addcmul(x, gate_a.unsqueeze(1), self.attn(modulate(x, scale_a, shift_a), cos, sin, windows))
         return torch.addcmul(x, gate_m.unsqueeze(1), self.ff(modulate(x, scale_m, shift_m)))
