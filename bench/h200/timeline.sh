@@ -88,7 +88,7 @@ cp "$R"/timeline*.md "$R"/timeline*.json "$R/timeline.log" "$OUT/" 2>/dev/null
 tail -n 15 "$R"/omnid-*.log > "$OUT/omnid_tails.log" 2>/dev/null
 if [ -d "$R/prof" ]; then  # the kernel tables always come back; the traces only when small enough (16 MiB a file)
   tar czf "$OUT/prof.tgz" -C "$R" --exclude '*.json.gz' prof
-  tar czf "/tmp/prof-traces.tgz" -C "$R" prof --exclude '*.txt' && [ "$(stat -c %s /tmp/prof-traces.tgz)" -lt 15000000 ] \
+  tar czf "/tmp/prof-traces.tgz" -C "$R" --exclude '*.txt' prof && [ "$(stat -c %s /tmp/prof-traces.tgz)" -lt 15000000 ] \
     && cp /tmp/prof-traces.tgz "$OUT/"
 fi
 log "done"
