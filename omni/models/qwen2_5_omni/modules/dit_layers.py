@@ -84,8 +84,7 @@ class BlockWindows:
             real = F.pad(real, (0, padded - frames), value=False)
             keep = keep & real[:, key_frame.clamp(0, padded - 1).reshape(-1)].view(rows, self.blocks, 1, -1)
         own = torch.arange(block, device=device)
-        itself = torch.zeros(block, span * block, dtype=torch.bool, device=device)
-        itself[own, back * block + own] = True
+        itself = torch.arange(span * block, device=device)[None] == (back * block + own)[:, None]  # no host copy: graph-safe
         keep = keep | itself  # [rows or 1, B, block, span * block]
         self.mask = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
 
