@@ -43,9 +43,10 @@ def _capture(body: Callable[[], Any], device, pool) -> tuple[torch.cuda.CUDAGrap
 
 class ShapeGraphs:
     """`fn(x)` replayed from a CUDA graph per input shape captured ahead (`capture`; rows padded up to
-    a captured count), eagerly for any other shape. For a forward of many small kernels whose shapes repeat (a vocoder's chunk windows).
-    A replay's output lives in the graphs' memory pool until the next replay of its shape: use it
-    (copy it out) before calling again."""
+    a captured count), eagerly for any other shape: a forward of many small kernels whose shapes repeat
+    (a vocoder's chunk windows). The graphs share one memory pool, so a replay may write over another
+    graph's output: each call returns a copy of its own (on the H200, two windows' PCM read after both
+    replays came out wrong)."""
 
     def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], device) -> None:
         self.fn, self.device = fn, torch.device(device)
@@ -84,4 +85,4 @@ class ShapeGraphs:
         static[n:].zero_()
         graph.replay()
         self.replays += 1
-        return out[:n]
+        return out[:n].clone()
