@@ -72,6 +72,18 @@ class ShapeGraphs:
             self.graphs[tuple(shape)] = (graph, static, out)
         return len(self.graphs)
 
+    def agrees(self, inputs: list[torch.Tensor], tol: float = 1e-3) -> bool:
+        """Every input through the graphs one after another, then each eagerly: the replays' outputs,
+        all read after the last replay, within `tol` of the peak of the eager ones."""
+        replayed = [self(x) for x in inputs]
+        for x, got in zip(inputs, replayed):
+            want = self.fn(x)
+            if (got - want).abs().max().item() > tol * max(want.abs().max().item(), 1e-6):
+                log.warning("CUDA graphs of shape %s replay %.3g away from the eager forward", tuple(x.shape),
+                            (got - want).abs().max().item())
+                return False
+        return True
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """fn(x); x's rows are padded (with zeros) to the fewest of a captured shape with its other
         dims: fn must treat rows independently."""
