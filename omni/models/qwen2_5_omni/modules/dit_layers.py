@@ -93,8 +93,8 @@ class BlockWindows:
         n, t, h, d = q.shape
         b, blk = self.blocks, self.block
         tail = b * blk - t
-        q = F.pad(q, (0, 0, 0, 0, 0, tail)).view(n * b, blk, h, d).transpose(1, 2)
-        k, v = (self._windows(F.pad(x, (0, 0, 0, 0, self.back * blk, tail + self.ahead * blk))) for x in (k, v))
+        q = _pad_frames(q, 0, tail).reshape(n * b, blk, h, d).transpose(1, 2)  # a view of q when not padded
+        k, v = (self._windows(_pad_frames(x, self.back * blk, tail + self.ahead * blk)) for x in (k, v))
         mask = self.mask.expand(n, -1, -1, -1).reshape(n * b, 1, blk, -1)
         out = sdpa(q, k, v, attn_mask=mask)  # [N * B, heads, block, head_dim]
         return out.transpose(1, 2).reshape(n, b * blk, h, d)[:, :t]
@@ -103,10 +103,15 @@ class BlockWindows:
         """x padded by `back` blocks before and `ahead` after -> [N * B, heads, span * block, head_dim]."""
         n, _, h, d = x.shape
         b, blk = self.blocks, self.block
-        x = x.view(n, -1, blk, h, d)
+        x = x.reshape(n, -1, blk, h, d)
         x = x[:, :b] if self.back + self.ahead == 0 else torch.cat(
             [x[:, i:i + b] for i in range(self.back + 1 + self.ahead)], dim=2)
         return x.reshape(n * b, -1, h, d).transpose(1, 2)
+
+
+def _pad_frames(x: torch.Tensor, before: int, after: int) -> torch.Tensor:
+    """x [N, T, heads, head_dim] with zero frames before and after (x itself, uncopied, when none)."""
+    return F.pad(x, (0, 0, 0, 0, before, after)) if before or after else x
 
 
 class DiTAttention(nn.Module):
