@@ -5,15 +5,10 @@ a whole tiny BigVGAN with every activation fused within float32 noise of the eag
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+from triton_interpreter import run_in_interpreter
 
 
 def interpreter_check() -> None:
@@ -43,11 +38,7 @@ def interpreter_check() -> None:
 
 
 def test_fused_snake_matches_the_eager_activation_in_the_triton_interpreter():
-    pytest.importorskip("triton", reason="triton is not installed (the kernel's CPU check needs its interpreter)")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    proc = subprocess.run([sys.executable, "-c", "import test_bigvgan_fused as t; t.interpreter_check()"], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=400, check=False)
-    assert proc.returncode == 0 and "interpreter ok" in proc.stdout, proc.stderr[-4000:]
+    run_in_interpreter("import test_bigvgan_fused as t; t.interpreter_check()", timeout=400)
 
 
 def test_the_kernel_compiles_for_sm90():

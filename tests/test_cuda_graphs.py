@@ -9,10 +9,6 @@ talker codes, float32 with TF32 off), and the kernel on the device.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +21,7 @@ from omni.stages.ar.config import EngineConfig, EngineConfigError
 from omni.stages.ar.cuda_graphs import batch_buckets
 from omni.stages.ar.engine import AREngine
 from omni.stages.ar.sequence import SamplingParams
+from triton_interpreter import run_in_interpreter
 
 PROMPTS = [list(range(60, 67)), list(range(97, 100)), [70 + (i * 7) % 50 for i in range(150)]]
 
@@ -149,14 +146,8 @@ def _kernel_vs_torch(device, dtype, tol, long=False):
 
 def test_triton_kernel_matches_torch_in_the_interpreter():
     """In a child process: TRITON_INTERPRET=1 must be set before triton is imported."""
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(root), str(root / "tests")]))
-    code = ("import torch, test_cuda_graphs as t; t._kernel_vs_torch('cpu', torch.float32, 1e-5); "
-            "t._kernel_vs_torch('cpu', torch.float32, 1e-5, long=True); print('interpreter ok')")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=240, check=False)
-    assert proc.returncode == 0 and "interpreter ok" in proc.stdout, proc.stderr[-4000:]
+    run_in_interpreter("import torch, test_cuda_graphs as t; t._kernel_vs_torch('cpu', torch.float32, 1e-5); "
+                       "t._kernel_vs_torch('cpu', torch.float32, 1e-5, long=True); print('interpreter ok')")
 
 
 # ---- on the GPU ----------------------------------------------------------------------------

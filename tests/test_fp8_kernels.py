@@ -19,10 +19,6 @@ are both rounded (h's error adds the gate and up errors through SiLU), 1e-1 and 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,8 +28,8 @@ from omni.layers.fp8 import quantize_blocks
 from omni.layers.fp8_gemm import Fp8GemmError, block_fp8_matmul, quantized_activations, reference_matmul
 from omni.layers.fp8_modules import dequantize_experts, quantize_experts
 from omni.layers.moe_routed import per_expert
+from triton_interpreter import run_in_interpreter
 
-ROOT = Path(__file__).resolve().parents[1]
 
 # Qwen3-Omni-30B-A3B (presets_full): thinker hidden 2048, 32 q / 4 kv heads of 128, 128 experts top-8 of
 # 768; talker hidden 1024, 16 q / 2 kv heads of 128, 128 experts top-8 of 384, shared expert 768.
@@ -144,11 +140,7 @@ def interpreter_check() -> None:
 
 
 def test_kernels_match_the_float_reference_in_the_triton_interpreter():
-    pytest.importorskip("triton", reason="triton is not installed (the kernels' CPU check needs its interpreter)")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    code = "import test_fp8_kernels as t; t.interpreter_check()"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0 and "interpreter ok" in proc.stdout, proc.stderr[-4000:]
+    run_in_interpreter("import test_fp8_kernels as t; t.interpreter_check()")
 
 
 def test_kernels_compile_for_sm90_with_e4m3_tensor_core_dots():

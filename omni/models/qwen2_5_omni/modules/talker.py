@@ -206,7 +206,7 @@ class Qwen2_5OmniTalker(nn.Module, ARModel):
         return p < seq.num_prompt_tokens or self._reply(rows, p - seq.num_prompt_tokens + 1) is not None
 
     def input_embeds(self, seq, start: int, end: int) -> torch.Tensor:
-        st, tk = seq.model_state, self.cfg.talker
+        st = seq.model_state
         rows: ThinkerRows = st[STATE_KEY]
         n_prompt = seq.num_prompt_tokens  # P + 2
         ids = seq.token_ids(start, end)
