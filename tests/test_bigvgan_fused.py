@@ -5,15 +5,28 @@ a whole tiny BigVGAN with every activation fused within float32 noise of the eag
 
 from __future__ import annotations
 
+import contextlib
 
 import pytest
 import torch
 from triton_interpreter import run_in_interpreter
 
+from omni.layers import fused_ops
+
+
+@contextlib.contextmanager
+def _fused(on: bool):
+    """The fused kernels forced on (the interpreter's CPU tensors) or off (the eager path on CUDA)."""
+    real = fused_ops.enabled
+    fused_ops.enabled = lambda t: on
+    try:
+        yield
+    finally:
+        fused_ops.enabled = real
+
 
 def interpreter_check() -> None:
     """Runs in the child process (TRITON_INTERPRET=1)."""
-    from omni.layers import fused_ops
     from omni.models.qwen2_5_omni.modules.alias_free import AliasFreeSnake
 
     g = torch.Generator().manual_seed(2)
@@ -21,17 +34,13 @@ def interpreter_check() -> None:
     with torch.no_grad():
         act.act.alpha.normal_(0, 0.5, generator=g)
         act.act.beta.normal_(0, 0.5, generator=g)
-    real = fused_ops.enabled
     for shape in ((2, 6, 1), (1, 6, 5), (3, 6, 300)):
         x = torch.randn(*shape, generator=g)
         for view in (x, torch.randn(shape[0], 12, shape[2], generator=g)[:, ::2]):
             with torch.no_grad():
                 want = act(view)
-                fused_ops.enabled = lambda t: True
-                try:
+                with _fused(True):
                     got = act(view)
-                finally:
-                    fused_ops.enabled = real
             torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * float(want.abs().max()))
 
     print("interpreter ok")
@@ -55,7 +64,6 @@ def test_the_kernel_compiles_for_sm90():
 
 @pytest.mark.gpu
 def test_the_fused_vocoder_on_cuda_equals_the_eager_one(tmp_path):
-    from omni.layers import fused_ops
     from omni.models.qwen2_5_omni.checkpoint.make_tiny import make_tiny
     from omni.models.qwen2_5_omni.modules.token2wav import Token2Wav
 
@@ -65,10 +73,6 @@ def test_the_fused_vocoder_on_cuda_equals_the_eager_one(tmp_path):
     mel = torch.randn(3, voc.cfg.mel_dim, 64, device="cuda") - 3
     with torch.inference_mode():
         fused = voc(mel)
-        real = fused_ops.enabled
-        fused_ops.enabled = lambda t: False
-        try:
+        with _fused(False):
             eager = voc(mel)
-        finally:
-            fused_ops.enabled = real
     torch.testing.assert_close(fused, eager, rtol=0, atol=1e-4 * float(eager.abs().max()))
