@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from omni.stages.gpu_memory import gpu_memory
 from omni.stages.step_profiler import StepProfiler
 from omni.stages.ode import Progress, solver_named, time_grid
 from omni.stages.threads import pin_torch_threads
+
+if TYPE_CHECKING:  # torch only with a model
+    from omni.stages.diffusion_batch import WindowBatch
 
 log = logging.getLogger("omni.diffusion")
 
@@ -176,7 +179,7 @@ class DiffusionStage(Stage):
             if n:
                 log.info("%s: %d render CUDA graphs captured", self.ctx.name, n)
 
-    def _batch(self, solver: str) -> "WindowBatch":
+    def _batch(self, solver: str) -> WindowBatch:
         """The slots of `solver`'s windows (made on first use; torch imported only with a model)."""
         if solver not in self.batches:
             from omni.stages.diffusion_batch import WindowBatch
@@ -303,12 +306,8 @@ class DiffusionStage(Stage):
                 req.running = slots[slot] = self._start(req, window, slot)
 
     def _start(self, req: DiffusionRequest, window: Window, slot: int) -> Running:
-        import torch
-
         m, fpt, solver = self.model, self.model.frames_per_token, str(req.ode["solver"])
-        if len(req.tokens) > 1 or not isinstance(req.tokens[0], torch.Tensor):
-            req.tokens = [torch.cat([torch.as_tensor(t).to(m.device) for t in req.tokens])]
-        tokens = req.tokens[0][window.start:window.end]
+        tokens = self._window_tokens(req, window)
         if req.on_device:  # not checked yet: lookups stay in range, the request fails as the window ends
             req.bad = ((tokens < 0) | (tokens >= m.codebook_size)).any()
             tokens = tokens.clamp(0, m.codebook_size - 1)
@@ -319,6 +318,21 @@ class DiffusionStage(Stage):
         self._batch(solver).seat(slot, x0, feats, null)
         times = time_grid(int(req.ode["num_steps"]), req.ode["sway_coefficient"])
         return Running(window, solver, slot, Progress(solver_named(solver), times), scale if guided else 0.0)
+
+    def _window_tokens(self, req: DiffusionRequest, window: Window) -> Any:
+        """The window's tokens on the model's device. Host-fed tokens stay one numpy array and only the
+        window's go over, in one copy that does not wait for the GPU; device-fed ones join on the device."""
+        import torch
+
+        device = torch.device(self.model.device)
+        if all(isinstance(t, np.ndarray) for t in req.tokens):
+            if len(req.tokens) > 1:
+                req.tokens = [np.concatenate(req.tokens)]
+            host = torch.from_numpy(req.tokens[0][window.start:window.end])
+            return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+        if len(req.tokens) > 1 or not isinstance(req.tokens[0], torch.Tensor):
+            req.tokens = [torch.cat([torch.as_tensor(t).to(device) for t in req.tokens])]
+        return req.tokens[0][window.start:window.end]
 
     def _evaluate(self, solver: str, slots: list[Running | None]) -> None:
         """One forward for every window in `solver`'s slots."""

@@ -28,6 +28,7 @@ from omni.stages.ar.cuda_graphs import batch_buckets
 log = logging.getLogger("omni.diffusion_batch")
 
 T, H, STAGE, SCALE = range(4)  # the columns of a step's per-row parameters
+RING = 8  # pinned parameter buffers in turn
 
 
 class WindowBatch:
@@ -48,6 +49,12 @@ class WindowBatch:
         self.replays = 0
         self.capture_seconds = 0.0
         self._allocate(_round_up(max(frames, 1), self.step_frames))
+        # each step's per-row parameters go over from one of a ring of pinned buffers, reused once the copy
+        # from it ran (a fresh pinned tensor a step would allocate page-locked memory while the GPU is behind)
+        on_cuda = self.device.type == "cuda"
+        self.ring = [torch.zeros(slots, 4, dtype=torch.float32, pin_memory=on_cuda) for _ in range(RING)]
+        self.ring_events: list[Any] = [None] * RING
+        self.ticks = 0
 
     def _allocate(self, frames: int) -> None:
         m, dev, s = self.model, self.device, self.slots
@@ -97,14 +104,26 @@ class WindowBatch:
         n = rows.shape[0]
         key = self._key(n, frames)
         r = key[0] if key in self.graphs else n
-        padded = np.zeros((r, 4), dtype=np.float32)
-        padded[:n] = rows
-        self.params[:r].copy_(self._pinned(torch.from_numpy(padded)), non_blocking=True)
+        self._send_params(rows, r)
         if key in self.graphs:
             self.graphs[key].replay()
             self.replays += 1
         else:
             self._body(r, min(self.frames, _round_up(frames, self.step_frames)) if self.graphs_on else frames)
+
+    def _send_params(self, rows: np.ndarray, r: int) -> None:
+        """rows [n, 4] (zeros after them up to r) into `params` without waiting for the GPU."""
+        i = self.ticks % RING
+        self.ticks += 1
+        if self.ring_events[i] is not None:
+            self.ring_events[i].synchronize()  # the copy from this buffer RING steps ago (long done)
+        buf = self.ring[i][:r]
+        buf.zero_()
+        buf[:rows.shape[0]] = torch.from_numpy(rows)
+        self.params[:r].copy_(buf, non_blocking=True)
+        if self.device.type == "cuda":
+            self.ring_events[i] = torch.cuda.Event()
+            self.ring_events[i].record(torch.cuda.current_stream(self.device))
 
     def _pinned(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor in pinned memory from torch's caching host allocator: the block is not reused
