@@ -9,7 +9,7 @@ the row's k, and at an interval's last stage the update. The host sends only eac
 stage, scale) a step, in one copy. On CUDA each (rows, frames) bucket's step is a CUDA graph
 captured at start-up, so a step costs one replay whatever the number of windows (eagerly, a
 22-block DiT forward is ~1,000 kernels, 62 ms of host a step on an H200; with per-window solver
-and guidance ops on top, 16 windows took 35 ms a step: bench/RESULTS.md 2026-12-04). Rows of free
+and guidance ops on top, 16 windows took 35 ms a step: bench/RESULTS.md "2026-12-04 (later)"). Rows of free
 slots inside [0, rows) compute on finite stale values; their results stay in their own slots.
 """
 

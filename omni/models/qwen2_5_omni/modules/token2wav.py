@@ -199,18 +199,19 @@ class Token2Wav(nn.Module):
 
         if self.device.type != "cuda":
             return 0
-        probe, widths = MelStream(self.code2wav_bigvgan_model, self.vocoder_context), set()
+        voc, mel_dim = self.code2wav_bigvgan_model, self.code2wav_bigvgan_model.cfg.mel_dim
+        probe, widths = MelStream(voc, self.vocoder_context), set()
         for frames in chunk_frames:
-            got = probe.take(torch.zeros(frames, self.latent_dim), last=False)
+            got = probe.take(torch.zeros(frames, mel_dim), last=False)
             if got is not None and got[3]:
                 widths.add(-(-got[0].shape[1] // VOCODER_PAD) * VOCODER_PAD)
-        graphs = ShapeGraphs(self.code2wav_bigvgan_model, self.device)
-        shapes = [(n, self.latent_dim, w) for n in batch_buckets(max_streams) for w in widths]
+        graphs = ShapeGraphs(voc, self.device)
+        shapes = [(n, mel_dim, w) for n in batch_buckets(max_streams) for w in widths]
         with torch.inference_mode():
             if not graphs.capture(shapes, torch.float32):
                 return 0
             g = torch.Generator(device=self.device).manual_seed(0)
-            probes = [torch.randn(n, self.latent_dim, w, generator=g, device=self.device) - 5 for n, _, w in
+            probes = [torch.randn(shape, generator=g, device=self.device) - 5 for shape in
                       (max(shapes), min(shapes), shapes[len(shapes) // 2])]
             if not graphs.agrees(probes):  # what a replay gives must be what the eager vocoder gives
                 return 0
