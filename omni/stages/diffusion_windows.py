@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from omni.stages.vocoder import chunk_after
+
 
 @dataclass(frozen=True)
 class Window:
@@ -45,10 +47,8 @@ class Chunking:
         return cls(align, first * align, chunk * align, left * align, right * align, grow)
 
     def chunk_after(self, done: int) -> int:
-        """The chunk's length once `done` tokens went out."""
-        if done == 0:
-            return self.first_chunk
-        return min(self.chunk, max(self.first_chunk, done)) if self.grow else self.chunk
+        """The chunk's length once `done` tokens went out (the streaming vocoder's rule)."""
+        return chunk_after(done, self.first_chunk, self.chunk, self.grow)
 
     def schedule(self, chunks: int) -> list[int]:
         """The first `chunks` chunk lengths of an unbounded stream."""
